@@ -1,0 +1,3 @@
+module mizar.dev
+
+go 1.25.0

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs everything mizar's build and tests need on a fresh Debian 12 machine.
+# Idempotent: packages already present are skipped, so a warm machine pays nothing.
+set -euo pipefail
+
+packages=(
+  clang-19 llvm-19 libbpf-dev   # bpf/ programs (bpf2go); bookworm's default clang is 14
+  iproute2 ethtool iperf3 tcpdump tshark bpftool  # dataplane tests and benchmarks
+  kmod                          # modprobe for the geneve/vxlan/veth modules in tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
