@@ -1,0 +1,37 @@
+package networking
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupName is the API group of mizar's virtual network.
+const GroupName = "networking.mizar.dev"
+
+// SchemeGroupVersion is the internal version used for conversion and storage logic.
+var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: runtime.APIVersionInternal}
+
+var (
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	AddToScheme   = SchemeBuilder.AddToScheme
+)
+
+// Kind takes an unqualified kind and returns a group-qualified GroupKind.
+func Kind(kind string) schema.GroupKind { return SchemeGroupVersion.WithKind(kind).GroupKind() }
+
+// Resource takes an unqualified resource and returns a group-qualified GroupResource.
+func Resource(resource string) schema.GroupResource {
+	return SchemeGroupVersion.WithResource(resource).GroupResource()
+}
+
+func addKnownTypes(scheme *runtime.Scheme) error {
+	scheme.AddKnownTypes(SchemeGroupVersion,
+		&Vpc{}, &VpcList{},
+		&Subnet{}, &SubnetList{},
+		&Divider{}, &DividerList{},
+		&Bouncer{}, &BouncerList{},
+		&Endpoint{}, &EndpointList{},
+		&Droplet{}, &DropletList{},
+	)
+	return nil
+}

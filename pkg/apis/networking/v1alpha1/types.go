@@ -1,0 +1,316 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Phase is where an object is in its lifecycle. Init and Provisioned are the two
+// persisted states; exactly one component writes each transition.
+// +enum
+type Phase string
+
+const (
+	// PhaseInit: stored, not yet serving traffic.
+	PhaseInit Phase = "Init"
+	// PhaseProvisioned: the dataplane serves the object.
+	PhaseProvisioned Phase = "Provisioned"
+	// PhaseTerminating: deletion requested, dependants are being drained.
+	PhaseTerminating Phase = "Terminating"
+	// PhaseFailed: provisioning failed permanently; conditions say why.
+	PhaseFailed Phase = "Failed"
+)
+
+// ProvisioningStatus is the part of every status that the lifecycle contract needs.
+type ProvisioningStatus struct {
+	// phase is the lifecycle state: Init, Provisioned, Terminating or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// observedGeneration is the metadata.generation the last phase change acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions are the latest observations of the object's state.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchMergeKey=type
+	// +patchStrategy=merge
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Vpc is a virtual private cloud: an isolated IPv4 address space carried on the
+// underlay under its own Geneve VNI. Packets never cross from one VPC to another,
+// even when their CIDRs overlap.
+type Vpc struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec VpcSpec `json:"spec,omitempty"`
+	// +optional
+	Status VpcStatus `json:"status,omitempty"`
+}
+
+// VpcSpec is the desired state of a VPC.
+type VpcSpec struct {
+	// cidr is the VPC's IPv4 address range in canonical form, e.g. 10.0.0.0/16. Immutable.
+	CIDR string `json:"cidr"`
+	// vni is the Geneve virtual network identifier, 1..16777215, unique across VPCs.
+	// Leave it 0 (unset) to have the server allocate a free one. Immutable once set.
+	// +optional
+	VNI int32 `json:"vni,omitempty"`
+	// dividers is how many dividers route this VPC's traffic between its subnets. Defaults to 1.
+	// +optional
+	Dividers int32 `json:"dividers,omitempty"`
+}
+
+// VpcStatus is the observed state of a VPC.
+type VpcStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// VpcList is a list of VPCs.
+type VpcList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Vpc `json:"items"`
+}
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Subnet is a range of a VPC's addresses. Its bouncers hold every endpoint of the
+// subnet and forward traffic to the endpoint's host.
+type Subnet struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec SubnetSpec `json:"spec,omitempty"`
+	// +optional
+	Status SubnetStatus `json:"status,omitempty"`
+}
+
+// SubnetSpec is the desired state of a subnet.
+type SubnetSpec struct {
+	// vpc is the name of the VPC this subnet belongs to. Immutable.
+	VPC string `json:"vpc"`
+	// cidr is the subnet's IPv4 range in canonical form. It must lie inside the VPC's
+	// cidr and overlap no other subnet of the VPC. Immutable.
+	CIDR string `json:"cidr"`
+	// bouncers is how many bouncers serve this subnet. Defaults to 1.
+	// +optional
+	Bouncers int32 `json:"bouncers,omitempty"`
+	// gateway is the address pods use as their default gateway; answered by the
+	// dataplane, never assigned to an endpoint. Defaults to the first address of cidr.
+	// +optional
+	Gateway string `json:"gateway,omitempty"`
+}
+
+// SubnetStatus is the observed state of a subnet.
+type SubnetStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// SubnetList is a list of subnets.
+type SubnetList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Subnet `json:"items"`
+}
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Divider routes a VPC's traffic between its subnets: it looks up the destination
+// subnet and forwards to one of that subnet's bouncers. Created by the VPC operator.
+type Divider struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec DividerSpec `json:"spec,omitempty"`
+	// +optional
+	Status DividerStatus `json:"status,omitempty"`
+}
+
+// DividerSpec is the desired state of a divider.
+type DividerSpec struct {
+	// vpc is the name of the VPC this divider serves. Immutable.
+	VPC string `json:"vpc"`
+	// droplet is the name of the droplet the divider is placed on; empty until placed.
+	// +optional
+	Droplet string `json:"droplet,omitempty"`
+}
+
+// DividerStatus is the observed state of a divider.
+type DividerStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// DividerList is a list of dividers.
+type DividerList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Divider `json:"items"`
+}
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Bouncer holds every endpoint of one subnet and forwards packets to the host of
+// their destination. Created by the subnet operator.
+type Bouncer struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec BouncerSpec `json:"spec,omitempty"`
+	// +optional
+	Status BouncerStatus `json:"status,omitempty"`
+}
+
+// BouncerSpec is the desired state of a bouncer.
+type BouncerSpec struct {
+	// subnet is the name of the subnet this bouncer serves. Immutable.
+	Subnet string `json:"subnet"`
+	// droplet is the name of the droplet the bouncer is placed on; empty until placed.
+	// +optional
+	Droplet string `json:"droplet,omitempty"`
+}
+
+// BouncerStatus is the observed state of a bouncer.
+type BouncerStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// BouncerList is a list of bouncers.
+type BouncerList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Bouncer `json:"items"`
+}
+
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Endpoint is one pod interface attached to a subnet; it lives in the pod's namespace.
+// (It is endpoints.networking.mizar.dev, short name mep; the core endpoints kind is unrelated.)
+type Endpoint struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec EndpointSpec `json:"spec,omitempty"`
+	// +optional
+	Status EndpointStatus `json:"status,omitempty"`
+}
+
+// EndpointSpec is the desired state of an endpoint.
+type EndpointSpec struct {
+	// subnet is the name of the subnet the endpoint is attached to. Immutable.
+	Subnet string `json:"subnet"`
+	// pod is the name of the pod (in the endpoint's namespace) that owns the interface.
+	// +optional
+	Pod string `json:"pod,omitempty"`
+	// droplet is the name of the droplet hosting the pod.
+	Droplet string `json:"droplet"`
+	// interface is the interface name inside the pod. Defaults to eth0.
+	// +optional
+	Interface string `json:"interface,omitempty"`
+	// mac is the interface's unicast MAC address, e.g. 02:42:0a:00:00:05.
+	MAC string `json:"mac"`
+	// ip is the endpoint's IPv4 address inside the subnet. Leave it empty to have the
+	// server allocate a free one. Never the subnet's network, broadcast or gateway
+	// address. Immutable once set.
+	// +optional
+	IP string `json:"ip,omitempty"`
+}
+
+// EndpointStatus is the observed state of an endpoint.
+type EndpointStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// EndpointList is a list of endpoints.
+type EndpointList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Endpoint `json:"items"`
+}
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// Droplet is a node that runs mizar's dataplane; it can host endpoints, bouncers
+// and dividers. Registered by the node agent at start.
+type Droplet struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec DropletSpec `json:"spec,omitempty"`
+	// +optional
+	Status DropletStatus `json:"status,omitempty"`
+}
+
+// DropletSpec is the desired state of a droplet.
+type DropletSpec struct {
+	// node is the name of the Kubernetes node this droplet runs on.
+	Node string `json:"node"`
+	// ip is the droplet's IPv4 address on the underlay network.
+	IP string `json:"ip"`
+	// mac is the MAC address of the underlay interface.
+	MAC string `json:"mac"`
+	// interface is the name of the underlay interface, e.g. eth0.
+	Interface string `json:"interface"`
+}
+
+// DropletStatus is the observed state of a droplet.
+type DropletStatus struct {
+	ProvisioningStatus `json:",inline"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// DropletList is a list of droplets.
+type DropletList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []Droplet `json:"items"`
+}
