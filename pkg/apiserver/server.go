@@ -1,0 +1,58 @@
+// Package apiserver is mizar-apiserver: the aggregated Kubernetes API server that
+// serves networking.mizar.dev from its own etcd, either behind kube-apiserver or
+// standalone on loopback.
+package apiserver
+
+import (
+	"fmt"
+
+	"k8s.io/apiserver/pkg/endpoints/openapi"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+
+	generatedopenapi "mizar.dev/pkg/generated/openapi"
+	"mizar.dev/pkg/registry"
+	networkingrest "mizar.dev/pkg/registry/networking/rest"
+)
+
+// Config is everything New needs.
+type Config struct {
+	Generic *genericapiserver.RecommendedConfig
+	// Locker serializes creates whose validity depends on other objects.
+	Locker registry.Locker
+}
+
+// Server is a mizar-apiserver ready to run.
+type Server struct {
+	GenericAPIServer *genericapiserver.GenericAPIServer
+}
+
+// NewRecommendedConfig returns the generic configuration with mizar's OpenAPI
+// (v2 and v3: server-side apply and kubectl explain are built on the v3 models).
+func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
+	c := genericapiserver.NewRecommendedConfig(Codecs)
+	namer := openapi.NewDefinitionNamer(Scheme)
+	c.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(generatedopenapi.GetOpenAPIDefinitions, namer)
+	c.OpenAPIConfig.Info.Title = "mizar"
+	c.OpenAPIConfig.Info.Version = "v1alpha1"
+	c.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(generatedopenapi.GetOpenAPIDefinitions, namer)
+	c.OpenAPIV3Config.Info.Title = "mizar"
+	c.OpenAPIV3Config.Info.Version = "v1alpha1"
+	return c
+}
+
+// New builds the server and installs its API groups.
+func (c *Config) New() (*Server, error) {
+	generic, err := c.Generic.Complete().New("mizar-apiserver", genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, fmt.Errorf("building the generic server: %w", err)
+	}
+	networking, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Locker: c.Locker}.
+		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
+	if err != nil {
+		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
+	}
+	if err := generic.InstallAPIGroups(networking); err != nil {
+		return nil, fmt.Errorf("installing API groups: %w", err)
+	}
+	return &Server{GenericAPIServer: generic}, nil
+}

@@ -1,0 +1,39 @@
+// Package bouncer is the registry of bouncers.networking.mizar.dev.
+package bouncer
+
+import (
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/registry/generic"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/registry"
+	"mizar.dev/pkg/registry/networking/lifecycle"
+)
+
+var kind = lifecycle.Apply(registry.Kind[*networking.Bouncer, networking.BouncerSpec, networking.BouncerStatus]{
+	Resource:       networking.Resource("bouncers"),
+	Singular:       "bouncer",
+	New:            func() *networking.Bouncer { return &networking.Bouncer{} },
+	NewList:        func() runtime.Object { return &networking.BouncerList{} },
+	Spec:           func(o *networking.Bouncer) *networking.BouncerSpec { return &o.Spec },
+	Status:         func(o *networking.Bouncer) *networking.BouncerStatus { return &o.Status },
+	Validate:       validation.ValidateBouncer,
+	ValidateUpdate: validation.ValidateBouncerUpdate,
+	SelectableFields: func(o *networking.Bouncer) fields.Set {
+		return fields.Set{"spec.subnet": o.Spec.Subnet, "spec.droplet": o.Spec.Droplet}
+	},
+	// Node agents watch spec.droplet=<their droplet>: it routes watch events.
+	IndexedFields: []string{"spec.droplet", "spec.subnet"},
+	ShortNames:    []string{"mbnc"},
+	Columns: []registry.Column[*networking.Bouncer]{
+		{Name: "Subnet", Type: "string", Description: "The subnet the bouncer serves.", Value: func(o *networking.Bouncer) any { return o.Spec.Subnet }},
+		{Name: "Droplet", Type: "string", Description: "The droplet the bouncer runs on.", Value: func(o *networking.Bouncer) any { return o.Spec.Droplet }},
+	},
+}, func(o *networking.Bouncer) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
+
+// NewREST returns the storage of bouncers and bouncers/status.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error) {
+	return registry.NewREST(kind, scheme, optsGetter)
+}

@@ -1,0 +1,38 @@
+// Package droplet is the registry of droplets.networking.mizar.dev.
+package droplet
+
+import (
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/registry/generic"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/registry"
+	"mizar.dev/pkg/registry/networking/lifecycle"
+)
+
+var kind = lifecycle.Apply(registry.Kind[*networking.Droplet, networking.DropletSpec, networking.DropletStatus]{
+	Resource:         networking.Resource("droplets"),
+	Singular:         "droplet",
+	New:              func() *networking.Droplet { return &networking.Droplet{} },
+	NewList:          func() runtime.Object { return &networking.DropletList{} },
+	Spec:             func(o *networking.Droplet) *networking.DropletSpec { return &o.Spec },
+	Status:           func(o *networking.Droplet) *networking.DropletStatus { return &o.Status },
+	Validate:         validation.ValidateDroplet,
+	ValidateUpdate:   validation.ValidateDropletUpdate,
+	SelectableFields: func(o *networking.Droplet) fields.Set { return fields.Set{"spec.node": o.Spec.Node} },
+	IndexedFields:    []string{"spec.node"},
+	ShortNames:       []string{"mdrop"},
+	Columns: []registry.Column[*networking.Droplet]{
+		{Name: "Node", Type: "string", Description: "The Kubernetes node.", Value: func(o *networking.Droplet) any { return o.Spec.Node }},
+		{Name: "IP", Type: "string", Description: "The underlay address.", Value: func(o *networking.Droplet) any { return o.Spec.IP }},
+		{Name: "Interface", Type: "string", Description: "The underlay interface.", Value: func(o *networking.Droplet) any { return o.Spec.Interface }},
+		{Name: "MAC", Type: "string", Description: "The underlay interface's MAC.", Priority: 1, Value: func(o *networking.Droplet) any { return o.Spec.MAC }},
+	},
+}, func(o *networking.Droplet) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
+
+// NewREST returns the storage of droplets and droplets/status.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error) {
+	return registry.NewREST(kind, scheme, optsGetter)
+}

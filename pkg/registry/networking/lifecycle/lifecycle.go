@@ -1,0 +1,42 @@
+// Package lifecycle adds what every networking.mizar.dev kind shares to its
+// registry description: the Init phase on create, status validation, the PHASE
+// column and the status.phase field selector.
+package lifecycle
+
+import (
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/registry"
+)
+
+// Apply completes k for a networking kind whose provisioning status is reached through status.
+func Apply[T runtime.Object, S, St any](k registry.Kind[T, S, St], status func(T) *networking.ProvisioningStatus) *registry.Kind[T, S, St] {
+	k.Version = v1alpha1.SchemeGroupVersion.String()
+	k.InitStatus = func(obj T) { status(obj).Phase = networking.PhaseInit }
+	k.ValidateStatus = func(obj T) field.ErrorList {
+		var generation int64
+		if m, err := meta.Accessor(obj); err == nil {
+			generation = m.GetGeneration()
+		}
+		return validation.ValidateProvisioningStatus(status(obj), generation)
+	}
+	own := k.SelectableFields
+	k.SelectableFields = func(obj T) fields.Set {
+		set := fields.Set{"status.phase": string(status(obj).Phase)}
+		for f, v := range own(obj) {
+			set[f] = v
+		}
+		return set
+	}
+	k.Columns = append(k.Columns, registry.Column[T]{
+		Name: "Phase", Type: "string", Description: "Lifecycle phase: Init, Provisioned, Terminating or Failed.",
+		Value: func(obj T) any { return string(status(obj).Phase) },
+	})
+	return &k
+}

@@ -1,0 +1,71 @@
+// Package rest assembles the storage of every networking.mizar.dev resource into
+// the API group the server installs.
+package rest
+
+import (
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apiserver/pkg/registry/generic"
+	"k8s.io/apiserver/pkg/registry/rest"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/registry"
+	"mizar.dev/pkg/registry/networking/bouncer"
+	"mizar.dev/pkg/registry/networking/divider"
+	"mizar.dev/pkg/registry/networking/droplet"
+	"mizar.dev/pkg/registry/networking/endpoint"
+	"mizar.dev/pkg/registry/networking/subnet"
+	"mizar.dev/pkg/registry/networking/vpc"
+)
+
+// StorageProvider builds the networking.mizar.dev API group.
+type StorageProvider struct {
+	Scheme *runtime.Scheme
+	Codecs serializer.CodecFactory
+	// Locker serializes creates whose validity depends on other objects.
+	Locker registry.Locker
+}
+
+// NewAPIGroupInfo returns the group with storage for every resource and /status.
+func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (*genericapiserver.APIGroupInfo, error) {
+	info := genericapiserver.NewDefaultAPIGroupInfo(networking.GroupName, p.Scheme, metav1.ParameterCodec, p.Codecs)
+	storage := map[string]rest.Storage{}
+	add := func(resource string, main *registry.REST, status *registry.StatusREST) {
+		storage[resource] = main
+		storage[resource+"/status"] = status
+	}
+
+	vpcs, vpcStatus, err := vpc.NewREST(p.Scheme, optsGetter, p.Locker)
+	if err != nil {
+		return nil, fmt.Errorf("vpcs: %w", err)
+	}
+	add("vpcs", vpcs, vpcStatus)
+	subnets, subnetStatus, err := subnet.NewREST(p.Scheme, optsGetter, p.Locker, vpcs.Store)
+	if err != nil {
+		return nil, fmt.Errorf("subnets: %w", err)
+	}
+	add("subnets", subnets, subnetStatus)
+	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Locker, subnets.Store)
+	if err != nil {
+		return nil, fmt.Errorf("endpoints: %w", err)
+	}
+	add("endpoints", endpoints, endpointStatus)
+	for resource, newREST := range map[string]func(*runtime.Scheme, generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error){
+		"dividers": divider.NewREST,
+		"bouncers": bouncer.NewREST,
+		"droplets": droplet.NewREST,
+	} {
+		main, status, err := newREST(p.Scheme, optsGetter)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", resource, err)
+		}
+		add(resource, main, status)
+	}
+	info.VersionedResourcesStorageMap[v1alpha1.SchemeGroupVersion.Version] = storage
+	return &info, nil
+}

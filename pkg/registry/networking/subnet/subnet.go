@@ -1,0 +1,73 @@
+// Package subnet is the registry of subnets.networking.mizar.dev.
+package subnet
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/registry"
+	"mizar.dev/pkg/registry/networking/lifecycle"
+)
+
+var kind = lifecycle.Apply(registry.Kind[*networking.Subnet, networking.SubnetSpec, networking.SubnetStatus]{
+	Resource:         networking.Resource("subnets"),
+	Singular:         "subnet",
+	New:              func() *networking.Subnet { return &networking.Subnet{} },
+	NewList:          func() runtime.Object { return &networking.SubnetList{} },
+	Spec:             func(o *networking.Subnet) *networking.SubnetSpec { return &o.Spec },
+	Status:           func(o *networking.Subnet) *networking.SubnetStatus { return &o.Status },
+	Validate:         validation.ValidateSubnet,
+	ValidateUpdate:   validation.ValidateSubnetUpdate,
+	SelectableFields: func(o *networking.Subnet) fields.Set { return fields.Set{"spec.vpc": o.Spec.VPC} },
+	IndexedFields:    []string{"spec.vpc"},
+	ShortNames:       []string{"msn"},
+	Columns: []registry.Column[*networking.Subnet]{
+		{Name: "VPC", Type: "string", Description: "The VPC the subnet belongs to.", Value: func(o *networking.Subnet) any { return o.Spec.VPC }},
+		{Name: "CIDR", Type: "string", Description: "The subnet's address range.", Value: func(o *networking.Subnet) any { return o.Spec.CIDR }},
+		{Name: "Gateway", Type: "string", Description: "The pods' default gateway.", Priority: 1, Value: func(o *networking.Subnet) any { return o.Spec.Gateway }},
+		{Name: "Bouncers", Type: "integer", Description: "Bouncers serving the subnet.", Value: func(o *networking.Subnet) any { return int64(o.Spec.Bouncers) }},
+	},
+}, func(o *networking.Subnet) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
+
+// NewREST returns the storage of subnets and subnets/status. A new subnet is
+// checked against its VPC and siblings under the VPC's lock, so two overlapping
+// subnets created at once cannot both be stored.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker, vpcs *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
+	k := *kind
+	var store *registry.REST
+	k.Relations = func(ctx context.Context, s *networking.Subnet) (func(), field.ErrorList, error) {
+		unlock, err := locker.Lock(ctx, "subnets/"+s.Spec.VPC)
+		if err != nil {
+			return nil, nil, err
+		}
+		errs, err := checkPlacement(ctx, vpcs, store.Store, s)
+		if err != nil {
+			unlock()
+			return nil, nil, err
+		}
+		return unlock, errs, nil
+	}
+	rest, status, err := registry.NewREST(&k, scheme, optsGetter)
+	store = rest
+	return rest, status, err
+}
+
+// checkPlacement checks that a new subnet fits inside its VPC beside its siblings.
+func checkPlacement(ctx context.Context, vpcs, subnets *genericregistry.Store, s *networking.Subnet) (field.ErrorList, error) {
+	vpc, err := registry.GetLatest[networking.Vpc](ctx, vpcs, "", s.Spec.VPC)
+	if err != nil {
+		return nil, err
+	}
+	siblings, err := registry.ListLatest[networking.SubnetList](ctx, subnets, fields.OneTermEqualSelector("spec.vpc", s.Spec.VPC))
+	if err != nil {
+		return nil, err
+	}
+	return validation.ValidateSubnetRelations(s, vpc, siblings.Items), nil
+}

@@ -1,0 +1,87 @@
+// Package vpc is the registry of vpcs.networking.mizar.dev.
+package vpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/generic"
+
+	"mizar.dev/pkg/apis/networking"
+	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/ipam"
+	"mizar.dev/pkg/registry"
+	"mizar.dev/pkg/registry/networking/lifecycle"
+)
+
+var kind = lifecycle.Apply(registry.Kind[*networking.Vpc, networking.VpcSpec, networking.VpcStatus]{
+	Resource:       networking.Resource("vpcs"),
+	Singular:       "vpc",
+	New:            func() *networking.Vpc { return &networking.Vpc{} },
+	NewList:        func() runtime.Object { return &networking.VpcList{} },
+	Spec:           func(o *networking.Vpc) *networking.VpcSpec { return &o.Spec },
+	Status:         func(o *networking.Vpc) *networking.VpcStatus { return &o.Status },
+	Validate:       validation.ValidateVpc,
+	ValidateUpdate: validation.ValidateVpcUpdate,
+	SelectableFields: func(o *networking.Vpc) fields.Set {
+		return fields.Set{"spec.vni": strconv.Itoa(int(o.Spec.VNI))}
+	},
+	IndexedFields: []string{"spec.vni"},
+	ShortNames:    []string{"mvpc"},
+	Columns: []registry.Column[*networking.Vpc]{
+		{Name: "CIDR", Type: "string", Description: "The VPC's address range.", Value: func(o *networking.Vpc) any { return o.Spec.CIDR }},
+		{Name: "VNI", Type: "integer", Description: "The Geneve VNI carrying the VPC's traffic.", Value: func(o *networking.Vpc) any { return int64(o.Spec.VNI) }},
+		{Name: "Dividers", Type: "integer", Description: "Dividers routing between the VPC's subnets.", Value: func(o *networking.Vpc) any { return int64(o.Spec.Dividers) }},
+	},
+}, func(o *networking.Vpc) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
+
+// NewREST returns the storage of vpcs and vpcs/status. VNIs are allocated and
+// checked for uniqueness under a cluster-wide lock.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker) (*registry.REST, *registry.StatusREST, error) {
+	k := *kind
+	var store *registry.REST
+	k.Relations = func(ctx context.Context, vpc *networking.Vpc) (func(), field.ErrorList, error) {
+		unlock, err := locker.Lock(ctx, "vpcs")
+		if err != nil {
+			return nil, nil, err
+		}
+		errs, err := assignVNI(ctx, store, vpc)
+		if err != nil {
+			unlock()
+			return nil, nil, err
+		}
+		return unlock, errs, nil
+	}
+	rest, status, err := registry.NewREST(&k, scheme, optsGetter)
+	store = rest
+	return rest, status, err
+}
+
+// assignVNI allocates the lowest free VNI to a VPC that asked for one, and checks
+// that a requested VNI is not taken.
+func assignVNI(ctx context.Context, store *registry.REST, vpc *networking.Vpc) (field.ErrorList, error) {
+	vpcs, err := registry.ListLatest[networking.VpcList](ctx, store.Store, fields.Everything())
+	if err != nil {
+		return nil, err
+	}
+	if vpc.Spec.VNI == 0 {
+		used := make(map[int32]bool, len(vpcs.Items))
+		for i := range vpcs.Items {
+			used[vpcs.Items[i].Spec.VNI] = true
+		}
+		vni, err := ipam.FirstFreeVNI(used, validation.MaxVNI)
+		if errors.Is(err, ipam.ErrExhausted) {
+			return field.ErrorList{field.Forbidden(field.NewPath("spec", "vni"), "every VNI is in use")}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("allocating a VNI: %w", err)
+		}
+		vpc.Spec.VNI = vni
+	}
+	return validation.ValidateVpcRelations(vpc, vpcs.Items), nil
+}
