@@ -152,12 +152,12 @@ func (o *Options) configureStandalone() (func(addr string) error, error) {
 	if ss.ServerCert.CertKey.CertFile != "" {
 		return nil, errors.New("--standalone issues its own serving certificate; drop --tls-cert-file/--tls-private-key-file")
 	}
-	p, err := loadOrCreatePKI(filepath.Join(o.DataDir, "pki"))
+	p, err := loadStandalonePKI(filepath.Join(o.DataDir, "pki"))
 	if err != nil {
 		return nil, fmt.Errorf("standalone PKI in %s: %w", o.DataDir, err)
 	}
-	ss.ServerCert.CertKey.CertFile = p.ServingCertFile()
-	ss.ServerCert.CertKey.KeyFile = p.ServingKeyFile()
+	ss.ServerCert.CertKey.CertFile = p.file("serving.crt")
+	ss.ServerCert.CertKey.KeyFile = p.file("serving.key")
 	if ss.Listener == nil {
 		// Created here so --secure-port 0 gets a free port instead of disabling serving.
 		addr := net.JoinHostPort(ss.BindAddress.String(), strconv.Itoa(ss.BindPort))
@@ -174,12 +174,12 @@ func (o *Options) configureStandalone() (func(addr string) error, error) {
 	// admission chain or priority-and-fairness: there is no kube-apiserver to ask.
 	r.Authentication.RemoteKubeConfigFileOptional = true
 	r.Authentication.SkipInClusterLookup = true
-	r.Authentication.ClientCert.ClientCA = p.CAFile()
+	r.Authentication.ClientCert.ClientCA = p.file("ca.crt")
 	r.Authorization.RemoteKubeConfigFileOptional = true
 	r.CoreAPI = nil
 	r.Admission = nil
 	r.Features.EnablePriorityAndFairness = false
-	return func(addr string) error { return writeKubeconfig(o.KubeconfigPath(), addr, p) }, nil
+	return func(addr string) error { return p.writeKubeconfig(o.KubeconfigPath(), addr) }, nil
 }
 
 // configureAggregated completes the options for serving behind kube-apiserver.

@@ -4,9 +4,13 @@
 package lifecycle
 
 import (
+	"fmt"
+	"reflect"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"mizar.dev/pkg/apis/networking"
@@ -34,9 +38,21 @@ func Apply[T runtime.Object, S, St any](k registry.Kind[T, S, St], status func(T
 		}
 		return set
 	}
+	mustMatchVersion(k.New(), k.SelectableFields(k.New()))
 	k.Columns = append(k.Columns, registry.Column[T]{
 		Name: "Phase", Type: "string", Description: "Lifecycle phase: Init, Provisioned, Terminating or Failed.",
 		Value: func(obj T) any { return string(status(obj).Phase) },
 	})
 	return &k
+}
+
+// mustMatchVersion fails the program's start if the fields the registry can
+// select on differ from those v1alpha1 accepts: a label the version accepts but
+// the registry lacks would silently match nothing.
+func mustMatchVersion(obj runtime.Object, set fields.Set) {
+	kind := reflect.TypeOf(obj).Elem().Name()
+	want := sets.New(v1alpha1.SelectableFields[kind]...)
+	if got := sets.KeySet(set); !got.Equal(want) {
+		panic(fmt.Sprintf("registry fields of %s %v differ from v1alpha1.SelectableFields %v", kind, sets.List(got), sets.List(want)))
+	}
 }
