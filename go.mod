@@ -11,4 +11,7 @@ require (
 	golang.org/x/sys v0.45.0
 )
 
-require golang.org/x/net v0.55.0 // indirect
+require (
+	github.com/gopacket/gopacket v1.7.7 // indirect
+	golang.org/x/net v0.55.0 // indirect
+)
