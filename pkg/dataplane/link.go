@@ -284,3 +284,50 @@ func checkIfname(name string) error {
 	}
 	return nil
 }
+
+// AttachedLink is a link pinned by this datapath.
+type AttachedLink struct {
+	Ifname  string // directory name under links/: the interface at attach time
+	Program string // "underlay_xdp" or "pod_tcx"
+	LinkID  uint32
+	ProgID  uint32
+	Ifindex int // 0 when the link is defunct (its device is gone)
+}
+
+// Links lists the pinned links, e.g. for the CNI CHECK ("is the program
+// attached to this veth?") or for debugging.
+func (d *Datapath) Links() ([]AttachedLink, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	root := filepath.Join(d.opts.PinRoot, linksDir)
+	dirs, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list link pins: %w", err)
+	}
+	var out []AttachedLink
+	for _, dir := range dirs {
+		pins, err := os.ReadDir(filepath.Join(root, dir.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("list link pins: %w", err)
+		}
+		for _, pin := range pins {
+			path := filepath.Join(root, dir.Name(), pin.Name())
+			l, err := link.LoadPinnedLink(path, nil)
+			if err != nil {
+				return nil, fmt.Errorf("open pinned link %s: %w", path, err)
+			}
+			info, err := l.Info()
+			idx, _ := linkIfindex(l)
+			_ = l.Close()
+			if err != nil {
+				return nil, fmt.Errorf("link info %s: %w", path, err)
+			}
+			out = append(out, AttachedLink{Ifname: dir.Name(), Program: pin.Name(),
+				LinkID: uint32(info.ID), ProgID: uint32(info.Program), Ifindex: idx})
+		}
+	}
+	return out, nil
+}
