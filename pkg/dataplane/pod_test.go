@@ -23,7 +23,7 @@ func encapTo(hop Hop, p inner, vni uint32) outer {
 		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni}
 }
 
-func arpFrame(t *testing.T, op uint16, srcMAC, dstMAC net.HardwareAddr, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) []byte {
+func arpFrame(t testing.TB, op uint16, srcMAC, dstMAC net.HardwareAddr, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) []byte {
 	return serialize(t, false,
 		&layers.Ethernet{SrcMAC: srcMAC, DstMAC: dstMAC, EthernetType: layers.EthernetTypeARP},
 		&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,

@@ -19,6 +19,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // A test network on one machine, per DESIGN.md: hosts are network
@@ -389,4 +390,78 @@ func (c *capture) stop() [][]byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.frames
+}
+
+// plainRouting routes pod addresses between hosts without encapsulation:
+// each host proxies ARP for remote pods on the pod's veth and routes them to
+// their host over the underlay.
+func (tn *testNet) plainRouting(tb testing.TB) {
+	tb.Helper()
+	tn.hostRoutes(tb, func(o *testHost, p *testPod) {
+		must(tb, o.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), Gw: p.host.ip.AsSlice(), LinkIndex: o.ulIndex}))
+	})
+}
+
+// vxlan is the kernel's overlay on the same topology: one VXLAN device per
+// host (VNI 42, UDP 4789, no learning) with static neighbour and FDB entries
+// for remote pods, as flannel's vxlan backend programs them.
+func (tn *testNet) vxlan(tb testing.TB) {
+	tb.Helper()
+	vxMAC := func(h *testHost) net.HardwareAddr { return net.HardwareAddr{2, 0xfd, 0, 0, 0, h.mac[5]} }
+	vx := map[*testHost]int{}
+	for _, h := range tn.order {
+		l := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vx0", MTU: podMTU, HardwareAddr: vxMAC(h)},
+			VxlanId: 42, SrcAddr: h.ip.AsSlice(), Port: 4789, VtepDevIndex: h.ulIndex}
+		must(tb, h.ns.nl.LinkAdd(l))
+		must(tb, h.ns.nl.LinkSetUp(l))
+		vx[h] = l.Attrs().Index
+	}
+	tn.hostRoutes(tb, func(o *testHost, p *testPod) {
+		must(tb, o.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), LinkIndex: vx[o], Scope: netlink.SCOPE_LINK}))
+		must(tb, o.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: vx[o], IP: p.ip.AsSlice(), HardwareAddr: vxMAC(p.host),
+			State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4}))
+		must(tb, o.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: vx[o], IP: p.host.ip.AsSlice(), HardwareAddr: vxMAC(p.host),
+			State: netlink.NUD_PERMANENT, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF}))
+	})
+}
+
+// hostRoutes enables forwarding, routes each pod on its own host and proxies
+// ARP for the others on its veth; remote(o, p) adds host o's route to pod p.
+func (tn *testNet) hostRoutes(tb testing.TB, remote func(o *testHost, p *testPod)) {
+	tb.Helper()
+	for _, h := range tn.order {
+		h.ns.sysctl(tb, "net.ipv4.ip_forward", "1")
+	}
+	for _, p := range tn.pods {
+		p.host.ns.sysctl(tb, "net.ipv4.conf."+p.hostIf+".proxy_arp", "1")
+		must(tb, p.host.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), LinkIndex: p.hostIndex}))
+		for _, o := range tn.order {
+			if o != p.host {
+				remote(o, p)
+			}
+		}
+	}
+}
+
+// mizarOneSubnet runs mizar with every pod in VPC 100's 10.1.1.0/24 and C
+// as its bouncer and divider. direct: every host also knows where every pod
+// lives, so traffic goes host to host; otherwise it bounces off C.
+func (tn *testNet) mizarOneSubnet(tb testing.TB, direct bool) {
+	tb.Helper()
+	C := tn.hosts["C"]
+	if !direct {
+		tn.xdpTXToSwitch(tb, "C")
+	}
+	for _, h := range tn.order {
+		tn.loadMizar(tb, h)
+		must(tb, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
+		must(tb, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
+	}
+	for _, p := range tn.pods {
+		for _, h := range tn.order {
+			if h != p.host && (direct || h == C) {
+				tn.remoteEndpoint(tb, h, p)
+			}
+		}
+	}
 }
