@@ -24,7 +24,8 @@ const (
 
 // AttachUnderlay attaches the underlay program (XDP, in Options.XDPMode) to
 // ifname in the calling thread's netns, or atomically replaces the program of
-// an attachment pinned earlier.
+// an attachment pinned earlier (which keeps its mode: Detach first to change
+// it).
 func (d *Datapath) AttachUnderlay(ifname string) error {
 	flags := link.XDPDriverMode
 	if d.opts.XDPMode == XDPGeneric {
