@@ -1,0 +1,81 @@
+//go:build ignore
+
+/* Maps of the mizar datapath. All are pinned by name under the pin root the
+ * Go loader passes (default /sys/fs/bpf/mizar), so reloading the programs keeps
+ * their contents and traffic keeps flowing. Sizes are per node. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "mizar.h"
+
+/* Every endpoint a host must know: its own pods (ifindex != 0), the endpoints of
+ * the subnets it bounces for, and any destination host the agent learned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct endpoint_key);
+	__type(value, struct endpoint);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints SEC(".maps");
+
+/* (vni, prefix) -> bouncers of that subnet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* required for LPM tries */
+	__type(key, struct subnet_key);
+	__type(value, struct subnet);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} subnets SEC(".maps");
+
+/* vni -> dividers of that VPC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct vpc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} vpcs SEC(".maps");
+
+/* Host-side veth ifindex -> the pod behind it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct pod_iface);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_ifaces SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, UL_MAX);
+	__type(key, enum underlay_counter);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} underlay_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, POD_MAX);
+	__type(key, enum pod_counter);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_stats SEC(".maps");
+
+static __always_inline void count_ul(enum underlay_counter c)
+{
+	__u64 *v = bpf_map_lookup_elem(&underlay_stats, &c);
+
+	if (v)
+		*v += 1; /* per-CPU slot: no atomics needed */
+}
+
+static __always_inline void count_pod(enum pod_counter c)
+{
+	__u64 *v = bpf_map_lookup_elem(&pod_stats, &c);
+
+	if (v)
+		*v += 1;
+}

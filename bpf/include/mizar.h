@@ -1,0 +1,124 @@
+//go:build ignore
+
+/* Layouts shared by the BPF programs and Go (bpf2go -type emits each struct and
+ * enum below as a Go type in pkg/dataplane). Every address is a byte array in
+ * network order, so Go fills them with netip.Addr.As4() and MAC bytes and no
+ * field depends on the host's byte order. Only the VNI is a host-order __u32. */
+#pragma once
+
+#include <linux/types.h>
+
+#define GENEVE_PORT 6081
+#define ETH_P_TEB_ 0x6558 /* Transparent Ethernet Bridging: Geneve carries Ethernet */
+
+/* Outer IPv4 20 + UDP 8 + Geneve 8 (no options) + inner Ethernet 14. */
+#define GENEVE_OVERHEAD 50
+
+/* Bouncers per subnet and dividers per VPC a map value can hold. */
+#define MAX_HOPS 16
+
+/* TTL of the outer IPv4 header written on encapsulation. */
+#define OUTER_TTL 64
+
+/* Outer UDP source ports come from the flow hash, in 49152..65535 (RFC 6335
+ * dynamic range): SPORT_BASE | (hash & SPORT_MASK). The same 14 bits pick the
+ * bouncer/divider everywhere, so every hop agrees on a flow's path. */
+#define SPORT_BASE 0xC000
+#define SPORT_MASK 0x3FFF
+
+/* A host on the underlay: where to send a packet next. */
+struct hop {
+	__u8 ip[4];
+	__u8 mac[6];
+	__u8 pad[2];
+};
+
+/* endpoints: (vni, ip) -> endpoint. */
+struct endpoint_key {
+	__u32 vni;
+	__u8 ip[4];
+};
+
+struct endpoint {
+	__u8 host_ip[4];  /* host of the endpoint (this host's IP if local) */
+	__u8 host_mac[6]; /* that host's underlay MAC */
+	__u8 mac[6];      /* the endpoint's own MAC, written as inner destination */
+	__u32 ifindex;    /* host-side veth in the host netns; 0 = remote */
+};
+
+/* subnets: LPM trie. The VNI is always matched in full, so prefixlen is
+ * 32 + the IPv4 prefix length; the VNI's byte order does not matter to the
+ * trie because all 32 of its bits are compared. */
+struct subnet_key {
+	__u32 prefixlen;
+	__u32 vni;
+	__u8 ip[4];
+};
+
+struct subnet {
+	__u32 nbouncers;
+	struct hop bouncers[MAX_HOPS];
+};
+
+/* vpcs: vni -> dividers. Its presence also makes the VNI "known" here. */
+struct vpc {
+	__u32 ndividers;
+	struct hop dividers[MAX_HOPS];
+};
+
+/* pod_ifaces: host-side veth ifindex -> what the pod behind it is. */
+struct pod_iface {
+	__u32 vni;
+	__u8 ip[4];         /* the pod's address: anything else is spoofed */
+	__u8 mac[6];        /* the pod's eth0 MAC */
+	__u8 gw_mac[6];     /* MAC answered for ARP of the gateway/on-link addresses */
+	__u8 gw_ip[4];
+	__u8 subnet[4];     /* the pod's subnet, masked */
+	__u32 subnet_len;   /* its prefix length (0..32) */
+};
+
+/* Load-time constants (see host in mizar.c). */
+struct host_config {
+	__u8 ip[4];
+	__u8 mac[6];
+	__u8 pad[2];
+	__u32 underlay_ifindex;
+};
+
+/* Per-CPU counters of the underlay program; names are read from BTF by Go
+ * (lower-cased, prefix dropped). */
+enum underlay_counter {
+	UL_PASS = 0,            /* not Geneve for this host: handed to the kernel */
+	UL_RX,                  /* Geneve to this host's port */
+	UL_DELIVER,             /* decapsulated into a local pod */
+	UL_FWD_ENDPOINT,        /* bouncer: sent to the endpoint's host */
+	UL_FWD_SUBNET,          /* divider: sent to a bouncer of the target subnet */
+	UL_FWD_DIVIDER,         /* sent to a divider of the VPC */
+	UL_DROP_MALFORMED,      /* truncated/inconsistent Geneve or inner headers */
+	UL_DROP_IP_OPTIONS,     /* outer IPv4 options (never sent by mizar) */
+	UL_DROP_FRAGMENT,       /* outer fragment (mizar sets DF) */
+	UL_DROP_GENEVE,         /* version, protocol, OAM or critical option */
+	UL_DROP_INNER_NOT_IPV4, /* inner frame that is not IPv4 */
+	UL_DROP_UNKNOWN_VNI,    /* no VPC with this VNI here */
+	UL_DROP_UNKNOWN_DST,    /* VPC known, destination not */
+	UL_DROP_TTL,            /* outer TTL would expire on forward */
+	UL_DROP_ADJUST,         /* bpf_xdp_adjust_head failed */
+	UL_MAX,
+};
+
+/* Per-CPU counters of the pod-side program. */
+enum pod_counter {
+	POD_ENCAP = 0,          /* encapsulated toward a remote host */
+	POD_LOCAL,              /* delivered to a pod on this host */
+	POD_ARP_REPLY,          /* ARP for the gateway answered */
+	POD_DROP_NO_CONFIG,     /* interface without pod_ifaces entry */
+	POD_DROP_MALFORMED,     /* truncated Ethernet/IPv4/ARP */
+	POD_DROP_NOT_IPV4,      /* neither IPv4 nor ARP */
+	POD_DROP_ARP,           /* ARP we do not answer */
+	POD_DROP_SPOOF,         /* source address is not the pod's */
+	POD_DROP_UNKNOWN_VNI,
+	POD_DROP_UNKNOWN_DST,
+	POD_DROP_TTL,           /* TTL expired routing across subnets */
+	POD_DROP_ENCAP,         /* bpf_skb_adjust_room/store failed */
+	POD_MAX,
+};

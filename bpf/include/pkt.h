@@ -1,0 +1,132 @@
+//go:build ignore
+
+/* Packet headers, checksums and the flow hash shared by both programs. */
+#pragma once
+
+#include <linux/types.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+
+#include "mizar.h"
+
+#define IP_MF 0x2000
+#define IP_DF 0x4000
+#define IP_OFFMASK 0x1FFF
+
+/* Geneve base header (RFC 8926 3.4). */
+struct genevehdr {
+	__u8 ver_optlen; /* Ver:2 | Opt Len:6 (4-byte words) */
+	__u8 flags;      /* O:1 | C:1 | Rsvd:6 */
+	__be16 proto;
+	__u8 vni[3];
+	__u8 rsvd;
+};
+
+#define GENEVE_F_OAM 0x80
+#define GENEVE_F_CRITICAL 0x40
+
+/* ARP for IPv4 over Ethernet (RFC 826), the only kind a pod sends. */
+struct arp_eth {
+	__be16 htype;
+	__be16 ptype;
+	__u8 hlen;
+	__u8 plen;
+	__be16 op;
+	__u8 sha[6];
+	__u8 spa[4];
+	__u8 tha[6];
+	__u8 tpa[4];
+} __attribute__((packed));
+
+/* Everything pushed in front of the pod's IPv4 packet on encapsulation. */
+struct geneve_encap {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	struct genevehdr gnv;
+	struct ethhdr inner;
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct geneve_encap) == ETH_HLEN + GENEVE_OVERHEAD,
+	       "encap header must be the 50-byte Geneve overhead plus outer Ethernet");
+
+static __always_inline __u32 load_u32(const __u8 *p)
+{
+	__u32 v;
+
+	__builtin_memcpy(&v, p, 4);
+	return v;
+}
+
+static __always_inline void store_u32(__u8 *p, __u32 v)
+{
+	__builtin_memcpy(p, &v, 4);
+}
+
+static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
+{
+	__builtin_memcpy(dst, src, ETH_ALEN);
+}
+
+/* IPv4 header checksum of a 20-byte header (options are never written). */
+static __always_inline __u16 ipv4_csum(struct iphdr *iph)
+{
+	__u16 *w = (__u16 *)iph;
+	__u32 sum = 0;
+
+	iph->check = 0;
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(*iph) / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* Decrement the TTL and patch the checksum incrementally (RFC 1624), exactly
+ * as the kernel's ip_decrease_ttl does. Caller checks ttl > 1 first. */
+static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
+{
+	__u32 check = (__u32)iph->check;
+
+	check += (__u32)bpf_htons(0x0100);
+	iph->check = (__u16)(check + (check >= 0xFFFF));
+	iph->ttl--;
+}
+
+/* Flow hash: a murmur3-style finaliser over the inner 5-tuple, all fields read
+ * as big-endian numbers so Go computes the same value (pkg/dataplane flowHash).
+ * Fragments and unknown protocols hash without ports so every piece of a
+ * datagram takes the same path. */
+static __always_inline __u32 mix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x7feb352d;
+	h ^= h >> 15;
+	h *= 0x846ca68b;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 flow_hash(__u32 saddr_be, __u32 daddr_be, __u32 ports, __u8 proto)
+{
+	__u32 h = mix32(bpf_ntohl(saddr_be));
+
+	h = mix32(h ^ bpf_ntohl(daddr_be));
+	h = mix32(h ^ ports);
+	return mix32(h ^ proto);
+}
+
+/* The 14 bits of flow entropy carried in the outer UDP source port. */
+static __always_inline __u16 flow_sport(__u32 hash)
+{
+	return SPORT_BASE | (hash & SPORT_MASK);
+}
+
+static __always_inline __u32 vni_of(const struct genevehdr *g)
+{
+	return ((__u32)g->vni[0] << 16) | ((__u32)g->vni[1] << 8) | g->vni[2];
+}

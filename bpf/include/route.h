@@ -1,0 +1,126 @@
+//go:build ignore
+
+/* The one routing decision both programs make: given (vni, inner destination)
+ * and the flow's 14 bits of entropy, where does the packet go next?
+ *
+ *   1. endpoints[(vni, dst)]: local pod -> deliver; remote -> its host
+ *      (the bouncer role, and the direct path once the source host knows it).
+ *   2. subnets LPM (vni, dst): a bouncer of the destination's subnet (the
+ *      divider role). If this host is itself one of those bouncers it holds
+ *      every endpoint of the subnet, so a miss in step 1 means "no such
+ *      endpoint": drop instead of bouncing the packet between bouncers.
+ *   3. vpcs[vni]: a divider of the VPC, which knows every subnet. A divider
+ *      that gets here has no subnet for dst: drop. No entry: unknown VNI.
+ *
+ * Every table is keyed by the VNI, so nothing ever matches across VPCs. */
+#pragma once
+
+#include "maps.h"
+#include "pkt.h"
+
+enum route_kind {
+	RT_DROP = 0,
+	RT_LOCAL,
+	RT_REMOTE,
+};
+
+enum route_via {
+	VIA_ENDPOINT = 0,
+	VIA_SUBNET,
+	VIA_DIVIDER,
+	VIA_UNKNOWN_VNI,
+	VIA_UNKNOWN_DST,
+};
+
+struct route {
+	__u32 kind;     /* enum route_kind */
+	__u32 via;      /* enum route_via */
+	__u32 ifindex;  /* RT_LOCAL: host-side veth of the pod */
+	__u8 has_mac;   /* dst_mac is the endpoint's MAC */
+	__u8 dst_mac[6];
+	struct hop next; /* RT_REMOTE */
+};
+
+static __always_inline int hops_contain(const struct hop *hops, __u32 n, __u32 ip)
+{
+	for (__u32 i = 0; i < MAX_HOPS; i++) {
+		if (i >= n)
+			break;
+		if (load_u32(hops[i].ip) == ip)
+			return 1;
+	}
+	return 0;
+}
+
+/* Pick hops[pick % n], refusing to pick from a set this host belongs to. */
+static __always_inline int pick_hop(struct route *r, const struct hop *hops, __u32 n,
+				    __u32 pick, __u32 self, __u32 via)
+{
+	if (n > MAX_HOPS)
+		n = MAX_HOPS;
+	if (n == 0 || hops_contain(hops, n, self)) {
+		r->kind = RT_DROP;
+		r->via = VIA_UNKNOWN_DST;
+		return 0;
+	}
+	__u32 idx = pick % n;
+
+	/* clang knows idx < n <= MAX_HOPS and would drop the check the
+	 * verifier needs (it does not track bounds through BPF_MOD). */
+	barrier_var(idx);
+	if (idx >= MAX_HOPS)
+		return 0;
+	r->next = hops[idx];
+	r->kind = RT_REMOTE;
+	r->via = via;
+	return 0;
+}
+
+static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr, __u32 pick,
+					 __u32 self)
+{
+	struct endpoint_key ek = { .vni = vni };
+
+	store_u32(ek.ip, daddr);
+	r->kind = RT_DROP;
+	r->has_mac = 0;
+
+	struct endpoint *ep = bpf_map_lookup_elem(&endpoints, &ek);
+	if (ep) {
+		r->has_mac = 1;
+		copy_mac(r->dst_mac, ep->mac);
+		if (ep->ifindex) {
+			r->kind = RT_LOCAL;
+			r->via = VIA_ENDPOINT;
+			r->ifindex = ep->ifindex;
+			return;
+		}
+		if (load_u32(ep->host_ip) == self) {
+			/* Remote endpoint said to live here: a stale entry.
+			 * Sending it to ourselves would loop. */
+			r->via = VIA_UNKNOWN_DST;
+			return;
+		}
+		store_u32(r->next.ip, load_u32(ep->host_ip));
+		copy_mac(r->next.mac, ep->host_mac);
+		r->kind = RT_REMOTE;
+		r->via = VIA_ENDPOINT;
+		return;
+	}
+
+	struct subnet_key sk = { .prefixlen = 64, .vni = vni };
+
+	store_u32(sk.ip, daddr);
+	struct subnet *sn = bpf_map_lookup_elem(&subnets, &sk);
+	if (sn) {
+		pick_hop(r, sn->bouncers, sn->nbouncers, pick, self, VIA_SUBNET);
+		return;
+	}
+
+	struct vpc *vp = bpf_map_lookup_elem(&vpcs, &vni);
+	if (!vp) {
+		r->via = VIA_UNKNOWN_VNI;
+		return;
+	}
+	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
+}

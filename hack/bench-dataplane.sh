@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs mizar's dataplane benchmarks in one go (needs root: loads BPF programs
+# and builds network-namespace topologies, all removed afterwards):
+#   BenchmarkPrograms  ns per packet of every program path (BPF_PROG_TEST_RUN)
+#                      and its ratio to an empty XDP/TC program
+#   BenchmarkPodHook   pod -> host TCP over one veth with no hook, tcx, native
+#                      and generic XDP on the host side: why the pod side is tcx
+#   BenchmarkOverlay   pod-to-pod iperf3 throughput and TCP round trips across
+#                      netns hosts in wire mode: plain routing, kernel VXLAN,
+#                      pass-only XDP (the ceiling), mizar direct and bounced
+# Speeds are only meaningful as the ratios printed next to them, which come
+# from one run on the same machine.
+#
+# Environment: BENCH (regexp, default all three), COUNT (default 1),
+# BENCHTIME (for BenchmarkPrograms, default 1s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ $EUID -ne 0 ]]; then
+	echo "bench-dataplane: needs root (BPF, network namespaces)" >&2
+	exit 1
+fi
+for tool in iperf3 ping; do
+	command -v "$tool" >/dev/null || { echo "bench-dataplane: $tool missing: run hack/install-deps.sh" >&2; exit 1; }
+done
+
+exec go test ./pkg/dataplane/ -run '^$' \
+	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkPodHook|BenchmarkOverlay)$}" \
+	-benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" -timeout 30m

@@ -1,0 +1,298 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+)
+
+// Speeds are reported as ratios against a baseline measured in the same run:
+// the machine is shared and noisy. hack/bench-dataplane.sh runs them all.
+
+// BenchmarkPrograms: kernel-measured time per packet of every program path
+// through BPF_PROG_TEST_RUN, next to an empty program measured interleaved
+// with it. Each run is a separate syscall with Repeat 1 because the test
+// harness feeds a repeated run its own previous output (a forwarded frame
+// would come back as "not for us"), so every figure includes the harness
+// floor that the empty program shows.
+func BenchmarkPrograms(b *testing.B) {
+	d := fixture(b)
+	var pass passObjects
+	must(b, loadPassObjects(&pass, nil))
+	b.Cleanup(func() { _ = pass.Close() })
+
+	big := make([]byte, 1400)
+	small := podPacket("10.1.1.10")
+	large := small
+	large.payload = big
+	hostTCP := inner{srcMAC: hostA.MAC, dstMAC: hostH.MAC, src: hostA.IP, dst: hostH.IP, sport: 40000, dport: 22}
+	pod := fromPod1("10.1.1.30")
+	podLarge := pod
+	podLarge.payload = big
+	direct := fromPod1(epRemote.IP.String())
+	zero := make(net.HardwareAddr, 6)
+
+	cases := []struct {
+		name    string
+		prog    *ebpf.Program
+		frame   []byte
+		verdict uint32
+	}{
+		{"underlay/pass-not-geneve", d.UnderlayProgram(), hostTCP.frame(b), xdpPass},
+		{"underlay/decap-deliver", d.UnderlayProgram(), fromA(vpc1).geneve(b, small.frame(b)), xdpRedirect},
+		{"underlay/decap-deliver-1400B", d.UnderlayProgram(), fromA(vpc1).geneve(b, large.frame(b)), xdpRedirect},
+		{"underlay/bouncer", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket("10.1.1.20").frame(b)), xdpTX},
+		{"underlay/divider-lpm", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket("10.1.2.30").frame(b)), xdpTX},
+		{"underlay/to-divider", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket("10.9.0.1").frame(b)), xdpTX},
+		{"underlay/drop-unknown-vni", d.UnderlayProgram(), fromA(unknownVNI).geneve(b, small.frame(b)), xdpDrop},
+		{"pod/encap-bouncer", d.PodProgram(), pod.frame(b), tcRedirect},
+		{"pod/encap-bouncer-1400B", d.PodProgram(), podLarge.frame(b), tcRedirect},
+		{"pod/encap-direct", d.PodProgram(), direct.frame(b), tcRedirect},
+		{"pod/same-host", d.PodProgram(), fromPod1(epLocal.IP.String()).frame(b), tcRedirect},
+		{"pod/arp-reply", d.PodProgram(), arpFrame(b, 1, pod1.MAC, net.HardwareAddr{255, 255, 255, 255, 255, 255}, pod1.MAC, pod1.IP, zero, pod1.GatewayIP), tcRedirect},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			if ret, _ := run(b, c.prog, c.frame); ret != c.verdict {
+				b.Fatalf("verdict %s, want %s: not the path this case measures", verdictName(c.prog, ret), verdictName(c.prog, c.verdict))
+			}
+			var progT, xdpT, tcT time.Duration
+			var n int
+			for b.Loop() {
+				progT += benchOnce(b, c.prog, c.frame)
+				xdpT += benchOnce(b, pass.MizarXdpPass, c.frame)
+				if c.prog.Type() == ebpf.SchedCLS {
+					tcT += benchOnce(b, pass.MizarTcPass, c.frame)
+				}
+				n++
+			}
+			per := float64(progT.Nanoseconds()) / float64(n)
+			emptyXDP := float64(xdpT.Nanoseconds()) / float64(n)
+			b.ReportMetric(per, "ns/op")
+			b.ReportMetric(emptyXDP, "empty-xdp-ns")
+			b.ReportMetric(per/emptyXDP, "x-empty-xdp")
+			if tcT > 0 {
+				emptyTC := float64(tcT.Nanoseconds()) / float64(n)
+				b.ReportMetric(emptyTC, "empty-tc-ns")
+				b.ReportMetric(per/emptyTC, "x-empty-tc")
+			}
+		})
+	}
+}
+
+func benchOnce(b *testing.B, prog *ebpf.Program, frame []byte) time.Duration {
+	_, d, err := prog.Benchmark(frame, 1, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+const iperfSeconds = 5
+
+// iperf runs a single-stream iperf3 TCP test from src to dst and returns
+// Gbit/s as dst received it.
+func iperf(b *testing.B, src, dst *netNS, dstIP netip.Addr) float64 {
+	b.Helper()
+	dst.start(b, "iperf3", "-s", "-B", dstIP.String(), "-p", "5201")
+	// Wait until the server listens (a plain connect is harmless to it).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		c, err := src.dial(ctx, net.JoinHostPort(dstIP.String(), "5201"))
+		cancel()
+		if err == nil {
+			_ = c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("iperf3 server on %s not reachable: %v", dstIP, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), (iperfSeconds+15)*time.Second)
+	defer cancel()
+	out, err := src.exec(ctx, "iperf3", "-c", dstIP.String(), "-p", "5201", "-t", fmt.Sprint(iperfSeconds), "-J")
+	if err != nil {
+		b.Fatalf("iperf3: %v\n%s", err, out)
+	}
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		b.Fatalf("iperf3 JSON: %v\n%s", err, out)
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9
+}
+
+// tcpRR measures the mean round trip of 1-byte request/response exchanges
+// over one TCP connection from src to dst (netperf TCP_RR style), in µs.
+func tcpRR(b *testing.B, src, dst *netNS, dstIP netip.Addr, rounds int) float64 {
+	b.Helper()
+	l := dst.listen(b, net.JoinHostPort(dstIP.String(), "7001"))
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := src.dial(ctx, l.Addr().String())
+	if err != nil {
+		b.Fatalf("rr dial: %v", err)
+	}
+	defer c.Close()
+	buf := []byte{1}
+	exchange := func() {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < 100; i++ { // warm up: ARP, caches
+		exchange()
+	}
+	start := time.Now()
+	for i := 0; i < rounds; i++ {
+		exchange()
+	}
+	return float64(time.Since(start).Microseconds()) / float64(rounds)
+}
+
+// BenchmarkPodHook: which hook on the host side of a pod's veth keeps the
+// pod fast. One veth pair, pod netns -> "host" netns, single TCP stream,
+// default offloads (TSO on in the pod), the same run for every hook.
+func BenchmarkPodHook(b *testing.B) {
+	requireRoot(b)
+	var pass passObjects
+	must(b, loadPassObjects(&pass, nil))
+	b.Cleanup(func() { _ = pass.Close() })
+	podIP, hostIP := netip.MustParsePrefix("10.2.0.2/24"), netip.MustParsePrefix("10.2.0.1/24")
+
+	hooks := []struct {
+		name   string
+		attach func(ifindex int) (link.Link, error)
+	}{
+		{"none", nil},
+		{"tcx", func(i int) (link.Link, error) {
+			return link.AttachTCX(link.TCXOptions{Program: pass.MizarTcPass, Interface: i, Attach: ebpf.AttachTCXIngress})
+		}},
+		{"xdp-native", func(i int) (link.Link, error) {
+			return link.AttachXDP(link.XDPOptions{Program: pass.MizarXdpPass, Interface: i, Flags: link.XDPDriverMode})
+		}},
+		{"xdp-generic", func(i int) (link.Link, error) {
+			return link.AttachXDP(link.XDPOptions{Program: pass.MizarXdpPass, Interface: i, Flags: link.XDPGenericMode})
+		}},
+	}
+	results := map[string]float64{}
+	for _, h := range hooks {
+		// A fresh pair per hook: native XDP changes the peer's features.
+		sfx := randSuffix(b)
+		host := newNetNS(b, "mzb-"+sfx+"-host")
+		pod := newNetNS(b, "mzb-"+sfx+"-pod")
+		must(b, host.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "h0"}, PeerName: "eth0",
+			PeerNamespace: netlink.NsFd(pod.ns.Fd())}))
+		h0, err := host.nl.LinkByName("h0")
+		must(b, err)
+		eth0, err := pod.nl.LinkByName("eth0")
+		must(b, err)
+		must(b, host.nl.AddrAdd(h0, &netlink.Addr{IPNet: prefixNet(hostIP)}))
+		must(b, pod.nl.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(podIP)}))
+		must(b, host.nl.LinkSetUp(h0))
+		must(b, pod.nl.LinkSetUp(eth0))
+		if h.attach != nil {
+			host.do(b, func() error {
+				l, err := h.attach(h0.Attrs().Index)
+				if err != nil {
+					return err
+				}
+				b.Cleanup(func() { _ = l.Close() })
+				return nil
+			})
+		}
+		results[h.name] = iperf(b, pod, host, hostIP.Addr())
+		b.Logf("pod hook %-12s %6.2f Gbit/s", h.name, results[h.name])
+	}
+	for _, h := range hooks {
+		b.ReportMetric(results[h.name], h.name+"-Gbit/s")
+		b.ReportMetric(results[h.name]/results["none"], h.name+"-x-none")
+	}
+}
+
+// BenchmarkOverlay: pod a on host A to pod b on host B, same subnet, over the
+// three-host bridge topology in wire mode (no TSO/GSO/checksum offload on
+// the underlay veths), one fresh topology per variant, all in one run:
+//
+//	plain        routing between hosts, no encapsulation (the baseline)
+//	vxlan        the kernel's VXLAN overlay
+//	xdp-pass     plain routing with a pass-only native XDP program on the
+//	             underlay veths: the ceiling of any XDP design on veths
+//	mizar        direct path (each host knows the other pod's host)
+//	mizar-bounce through bouncer C (XDP_TX), hosts knowing only the subnet
+func BenchmarkOverlay(b *testing.B) {
+	requireRoot(b)
+	variants := []string{"plain", "vxlan", "xdp-pass", "mizar", "mizar-bounce"}
+	gbps := map[string]float64{}
+	rtt := map[string]float64{}
+	for _, v := range variants {
+		tn := newTestNet(b, []string{"A", "B", "C"}, []podSpec{
+			{"a", "A", vpc1, "10.1.1.10/24"},
+			{"b", "B", vpc1, "10.1.1.20/24"},
+		})
+		tn.wireMode(b)
+		switch v {
+		case "plain":
+			tn.plainRouting(b)
+		case "vxlan":
+			tn.vxlan(b)
+		case "xdp-pass":
+			tn.plainRouting(b)
+			for _, h := range []string{"A", "B"} {
+				tn.hosts[h].ns.do(b, func() error {
+					l, err := AttachXDPPass("ul0")
+					if err != nil {
+						return err
+					}
+					b.Cleanup(func() { _ = l.Close() })
+					return nil
+				})
+			}
+		case "mizar", "mizar-bounce":
+			tn.mizarOneSubnet(b, v == "mizar")
+		}
+		a, p := tn.pods["a"], tn.pods["b"]
+		gbps[v] = iperf(b, a.ns, p.ns, p.ip)
+		rtt[v] = tcpRR(b, a.ns, p.ns, p.ip, 20000)
+		b.Logf("%-13s %6.2f Gbit/s  %7.1f µs RTT", v, gbps[v], rtt[v])
+	}
+	var summary []string
+	for _, v := range variants {
+		b.ReportMetric(gbps[v], v+"-Gbit/s")
+		b.ReportMetric(rtt[v], v+"-rtt-µs")
+		b.ReportMetric(gbps[v]/gbps["plain"], v+"-x-plain-tput")
+		b.ReportMetric(rtt[v]/rtt["plain"], v+"-x-plain-rtt")
+		summary = append(summary, fmt.Sprintf("%s %.2f Gbit/s (x%.2f) %.1f µs (x%.2f)",
+			v, gbps[v], gbps[v]/gbps["plain"], rtt[v], rtt[v]/rtt["plain"]))
+	}
+	b.Log("vs plain routing: " + strings.Join(summary, "; "))
+}

@@ -1,0 +1,256 @@
+// Package dataplane loads, attaches and programs mizar's eBPF fast path
+// (bpf/mizar.c): an XDP program on the node's underlay interface that
+// decapsulates Geneve for local pods and plays bouncer and divider, and a tcx
+// program on the host side of every pod's veth that answers ARP for the
+// gateway, delivers same-host traffic and encapsulates the rest in Geneve.
+//
+// All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
+// production, a private directory in tests), so a restarted agent calls Load
+// and the Attach methods again and traffic keeps flowing: maps are reused and
+// attached links are updated to the new programs atomically.
+//
+// Interfaces are named and indexed in the network namespace of the calling
+// thread: the node agent calls Load, the Attach methods, Detach and GC from
+// the host netns. Map methods work from anywhere. A Datapath is safe for
+// concurrent use.
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPinRoot is where a node agent keeps mizar's maps and links.
+const DefaultPinRoot = "/sys/fs/bpf/mizar"
+
+// XDPMode selects how the underlay program is attached.
+type XDPMode int
+
+const (
+	// XDPDriver attaches in the driver (native) mode: the fast one, and the
+	// only one where XDP_TX does not go through the qdisc layer.
+	XDPDriver XDPMode = iota
+	// XDPGeneric attaches in the generic (SKB) mode, for drivers without
+	// native XDP. Works everywhere, costs an skb per packet.
+	XDPGeneric
+)
+
+func (m XDPMode) String() string {
+	switch m {
+	case XDPDriver:
+		return "driver"
+	case XDPGeneric:
+		return "generic"
+	}
+	return fmt.Sprintf("XDPMode(%d)", int(m))
+}
+
+// Options describe this host to the datapath. They are compiled into the
+// programs as constants; changing them means Load again and re-attach.
+type Options struct {
+	// PinRoot is a directory on bpffs holding the maps and, under links/,
+	// the pinned links. Empty means DefaultPinRoot.
+	PinRoot string
+	// UnderlayIfindex is the underlay interface in the host netns: the pod
+	// program redirects encapsulated packets to it.
+	UnderlayIfindex int
+	// HostIP is this host's IPv4 address on the underlay: the outer source of
+	// everything it sends, and the outer destination it accepts Geneve on.
+	HostIP netip.Addr
+	// HostMAC is the underlay interface's MAC, the outer source MAC.
+	HostMAC net.HardwareAddr
+	// XDPMode is how AttachUnderlay attaches (XDPDriver by default).
+	XDPMode XDPMode
+}
+
+// Datapath is a loaded set of mizar programs and its pinned maps.
+type Datapath struct {
+	opts Options
+	objs mizarObjects
+
+	// Counter names by index, read from the object's BTF so they never
+	// drift from the C enums.
+	underlayNames []string
+	podNames      []string
+
+	mu sync.Mutex // serialises link pin changes
+}
+
+// Load loads the programs with this host's identity and opens (or creates)
+// the pinned maps under opts.PinRoot. Nothing is attached yet.
+func Load(opts Options) (*Datapath, error) {
+	if opts.PinRoot == "" {
+		opts.PinRoot = DefaultPinRoot
+	}
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("dataplane options: %w", err)
+	}
+	if err := os.MkdirAll(opts.PinRoot, 0o700); err != nil {
+		return nil, fmt.Errorf("create pin root: %w", err)
+	}
+	if err := requireBPFFS(opts.PinRoot); err != nil {
+		return nil, err
+	}
+
+	spec, err := loadMizar()
+	if err != nil {
+		return nil, fmt.Errorf("parse embedded BPF object: %w", err)
+	}
+	host := mizarHostConfig{
+		Ip:              opts.HostIP.Unmap().As4(),
+		UnderlayIfindex: uint32(opts.UnderlayIfindex),
+	}
+	copy(host.Mac[:], opts.HostMAC)
+	if err := spec.Variables[mizarVarHost].Set(host); err != nil {
+		return nil, fmt.Errorf("set host constants: %w", err)
+	}
+
+	d := &Datapath{opts: opts}
+	if d.underlayNames, err = enumNames(spec, "underlay_counter", "UL_"); err != nil {
+		return nil, err
+	}
+	if d.podNames, err = enumNames(spec, "pod_counter", "POD_"); err != nil {
+		return nil, err
+	}
+
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: opts.PinRoot},
+	})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		switch {
+		case errors.As(err, &ve):
+			return nil, fmt.Errorf("load mizar programs: verifier: %+v", ve)
+		case errors.Is(err, ebpf.ErrMapIncompatible):
+			return nil, fmt.Errorf("load mizar maps: a map pinned under %s has another layout "+
+				"(left by another mizar version?); remove it with Purge or migrate it: %w", opts.PinRoot, err)
+		default:
+			return nil, fmt.Errorf("load mizar objects (pin root %s): %w", opts.PinRoot, err)
+		}
+	}
+	return d, nil
+}
+
+func (o *Options) validate() error {
+	if !filepath.IsAbs(o.PinRoot) {
+		return fmt.Errorf("pin root %q is not an absolute path", o.PinRoot)
+	}
+	if o.UnderlayIfindex <= 0 {
+		return fmt.Errorf("underlay ifindex %d: must be > 0", o.UnderlayIfindex)
+	}
+	if _, err := ipv4("host IP", o.HostIP); err != nil {
+		return err
+	}
+	if _, err := mac("host MAC", o.HostMAC); err != nil {
+		return err
+	}
+	if o.XDPMode != XDPDriver && o.XDPMode != XDPGeneric {
+		return fmt.Errorf("unknown XDP mode %d", int(o.XDPMode))
+	}
+	return nil
+}
+
+// PinRoot returns the directory holding this datapath's pins.
+func (d *Datapath) PinRoot() string { return d.opts.PinRoot }
+
+// UnderlayProgram and PodProgram expose the loaded programs, for tests and
+// benchmarks that run them through BPF_PROG_TEST_RUN.
+func (d *Datapath) UnderlayProgram() *ebpf.Program { return d.objs.MizarUnderlay }
+
+// PodProgram returns the loaded pod-side program; see UnderlayProgram.
+func (d *Datapath) PodProgram() *ebpf.Program { return d.objs.MizarPod }
+
+// Close releases this process's handles. Pinned maps and links stay, so the
+// attached programs keep running; use Detach or Purge to remove them.
+func (d *Datapath) Close() error {
+	if err := d.objs.Close(); err != nil {
+		return fmt.Errorf("close mizar objects: %w", err)
+	}
+	return nil
+}
+
+// Purge detaches every link pinned under pinRoot and removes the pin root
+// with its maps: for uninstall and for tests. A missing pinRoot is not an
+// error; a directory that is not on bpffs is refused.
+func Purge(pinRoot string) error {
+	if _, err := os.Stat(pinRoot); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := requireBPFFS(pinRoot); err != nil {
+		return err
+	}
+	var errs []error
+	ifaces, err := os.ReadDir(filepath.Join(pinRoot, linksDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list link pins: %w", err))
+	}
+	for _, e := range ifaces {
+		if err := removeLinkPins(filepath.Join(pinRoot, linksDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(pinRoot); err != nil {
+		errs = append(errs, fmt.Errorf("remove pin root: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// MountBPFFS mounts bpffs at dir (normally /sys/fs/bpf) unless one is
+// already there. Most distributions mount it at boot; the agent calls this at
+// start for hosts that do not. The mount is shared by every process on the
+// host and left in place.
+func MountBPFFS(dir string) error {
+	if requireBPFFS(dir) == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// requireBPFFS refuses pin roots that are not on bpffs: pinning would fail
+// later with a less helpful error, and Purge must never RemoveAll elsewhere.
+func requireBPFFS(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", path, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not on bpffs (mount -t bpf bpf /sys/fs/bpf)", path)
+	}
+	return nil
+}
+
+// enumNames maps a C counter enum to lower-case names without the prefix,
+// indexed by value, leaving out the trailing *_MAX.
+func enumNames(spec *ebpf.CollectionSpec, typ, prefix string) ([]string, error) {
+	var e *btf.Enum
+	if err := spec.Types.TypeByName(typ, &e); err != nil {
+		return nil, fmt.Errorf("find enum %s in BTF: %w", typ, err)
+	}
+	names := make([]string, 0, len(e.Values))
+	for _, v := range e.Values {
+		if v.Name == prefix+"MAX" {
+			continue
+		}
+		if v.Value != uint64(len(names)) {
+			return nil, fmt.Errorf("enum %s: %s = %d is not dense", typ, v.Name, v.Value)
+		}
+		names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
+	}
+	return names, nil
+}

@@ -1,0 +1,435 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// MaxVNI is the largest Geneve VNI (24 bits). VNI 0 is reserved.
+const MaxVNI = 1<<24 - 1
+
+// MaxHops is how many bouncers a subnet, or dividers a VPC, can list.
+const MaxHops = 16
+
+// Endpoint is an entry of the endpoints map: where (VNI, IP) lives.
+type Endpoint struct {
+	VNI uint32
+	IP  netip.Addr
+	// MAC of the endpoint's interface; written as the inner destination MAC
+	// when a packet is delivered to it.
+	MAC net.HardwareAddr
+	// HostIP and HostMAC are the underlay address of the endpoint's host.
+	// Required for remote endpoints; informational for local ones.
+	HostIP  netip.Addr
+	HostMAC net.HardwareAddr
+	// Ifindex is the host-side veth (in the host netns) of an endpoint on this
+	// host; 0 means the endpoint is remote.
+	Ifindex int
+}
+
+// Hop is a host on the underlay that can take a packet on: a bouncer or a
+// divider.
+type Hop struct {
+	IP  netip.Addr
+	MAC net.HardwareAddr
+}
+
+// Subnet is an entry of the subnets LPM map: the bouncers serving Prefix in
+// the VPC with this VNI. Flows are spread over Bouncers by hash.
+type Subnet struct {
+	VNI      uint32
+	Prefix   netip.Prefix
+	Bouncers []Hop
+}
+
+// VPC is an entry of the vpcs map: the dividers of a VPC. An entry makes the
+// VNI known on this host; Geneve with a VNI unknown here is dropped.
+type VPC struct {
+	VNI      uint32
+	Dividers []Hop
+}
+
+// PodInterface describes the pod behind a host-side veth, for the pod-side
+// program attached to it.
+type PodInterface struct {
+	// Ifindex of the host-side veth in the host netns.
+	Ifindex int
+	// VNI of the pod's VPC.
+	VNI uint32
+	// IP and MAC of the pod's interface; packets from any other source
+	// address are dropped.
+	IP  netip.Addr
+	MAC net.HardwareAddr
+	// Subnet is the pod's subnet; leaving it costs one TTL.
+	Subnet netip.Prefix
+	// GatewayIP and GatewayMAC: the pod's ARP for the gateway, or any other
+	// address of its subnet, is answered with GatewayMAC.
+	GatewayIP  netip.Addr
+	GatewayMAC net.HardwareAddr
+}
+
+// UpsertEndpoint adds or replaces an endpoint.
+func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
+	k, err := endpointKey(ep.VNI, ep.IP)
+	if err != nil {
+		return fmt.Errorf("endpoint: %w", err)
+	}
+	var v mizarEndpoint
+	if v.Mac, err = mac("endpoint MAC", ep.MAC); err != nil {
+		return fmt.Errorf("endpoint %s: %w", ep.IP, err)
+	}
+	if ep.Ifindex < 0 {
+		return fmt.Errorf("endpoint %s: negative ifindex %d", ep.IP, ep.Ifindex)
+	}
+	v.Ifindex = uint32(ep.Ifindex)
+	if ep.Ifindex == 0 || ep.HostIP.IsValid() {
+		if v.HostIp, err = ipv4("endpoint host IP", ep.HostIP); err != nil {
+			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
+		}
+	}
+	if ep.Ifindex == 0 || ep.HostMAC != nil {
+		if v.HostMac, err = mac("endpoint host MAC", ep.HostMAC); err != nil {
+			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
+		}
+	}
+	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
+		return fmt.Errorf("put endpoint (%d, %s): %w", ep.VNI, ep.IP, err)
+	}
+	return nil
+}
+
+// DeleteEndpoint removes an endpoint; a missing one is not an error.
+func (d *Datapath) DeleteEndpoint(vni uint32, ip netip.Addr) error {
+	k, err := endpointKey(vni, ip)
+	if err != nil {
+		return fmt.Errorf("endpoint: %w", err)
+	}
+	return deleteKey(d.objs.Endpoints, &k, "endpoint")
+}
+
+// Endpoints lists the endpoints map.
+func (d *Datapath) Endpoints() ([]Endpoint, error) {
+	var (
+		k   mizarEndpointKey
+		v   mizarEndpoint
+		out []Endpoint
+	)
+	it := d.objs.Endpoints.Iterate()
+	for it.Next(&k, &v) {
+		ep := Endpoint{
+			VNI:     k.Vni,
+			IP:      netip.AddrFrom4(k.Ip),
+			MAC:     hwaddr(v.Mac),
+			Ifindex: int(v.Ifindex),
+		}
+		if v.HostIp != [4]byte{} {
+			ep.HostIP = netip.AddrFrom4(v.HostIp)
+		}
+		if v.HostMac != [6]byte{} {
+			ep.HostMAC = hwaddr(v.HostMac)
+		}
+		out = append(out, ep)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	return out, nil
+}
+
+// UpsertSubnet adds or replaces a subnet and its bouncers. A subnet with no
+// bouncers is allowed (its traffic is dropped as unknown until it has some).
+func (d *Datapath) UpsertSubnet(s Subnet) error {
+	k, err := subnetKey(s.VNI, s.Prefix)
+	if err != nil {
+		return fmt.Errorf("subnet: %w", err)
+	}
+	var v mizarSubnet
+	if v.Nbouncers, err = hops(&v.Bouncers, s.Bouncers); err != nil {
+		return fmt.Errorf("subnet %s bouncers: %w", s.Prefix, err)
+	}
+	if err := d.objs.Subnets.Put(&k, &v); err != nil {
+		return fmt.Errorf("put subnet (%d, %s): %w", s.VNI, s.Prefix, err)
+	}
+	return nil
+}
+
+// DeleteSubnet removes a subnet; a missing one is not an error.
+func (d *Datapath) DeleteSubnet(vni uint32, prefix netip.Prefix) error {
+	k, err := subnetKey(vni, prefix)
+	if err != nil {
+		return fmt.Errorf("subnet: %w", err)
+	}
+	return deleteKey(d.objs.Subnets, &k, "subnet")
+}
+
+// Subnets lists the subnets map.
+func (d *Datapath) Subnets() ([]Subnet, error) {
+	var (
+		k   mizarSubnetKey
+		v   mizarSubnet
+		out []Subnet
+	)
+	it := d.objs.Subnets.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Subnet{
+			VNI:      k.Vni,
+			Prefix:   netip.PrefixFrom(netip.AddrFrom4(k.Ip), int(k.Prefixlen)-32),
+			Bouncers: fromHops(v.Bouncers[:], v.Nbouncers),
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list subnets: %w", err)
+	}
+	return out, nil
+}
+
+// UpsertVPC adds or replaces a VPC and its dividers.
+func (d *Datapath) UpsertVPC(vpc VPC) error {
+	if err := checkVNI(vpc.VNI); err != nil {
+		return fmt.Errorf("vpc: %w", err)
+	}
+	var v mizarVpc
+	var err error
+	if v.Ndividers, err = hops(&v.Dividers, vpc.Dividers); err != nil {
+		return fmt.Errorf("vpc %d dividers: %w", vpc.VNI, err)
+	}
+	if err := d.objs.Vpcs.Put(vpc.VNI, &v); err != nil {
+		return fmt.Errorf("put vpc %d: %w", vpc.VNI, err)
+	}
+	return nil
+}
+
+// DeleteVPC removes a VPC; a missing one is not an error.
+func (d *Datapath) DeleteVPC(vni uint32) error {
+	if err := checkVNI(vni); err != nil {
+		return fmt.Errorf("vpc: %w", err)
+	}
+	return deleteKey(d.objs.Vpcs, vni, "vpc")
+}
+
+// VPCs lists the vpcs map.
+func (d *Datapath) VPCs() ([]VPC, error) {
+	var (
+		k   uint32
+		v   mizarVpc
+		out []VPC
+	)
+	it := d.objs.Vpcs.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, VPC{VNI: k, Dividers: fromHops(v.Dividers[:], v.Ndividers)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list vpcs: %w", err)
+	}
+	return out, nil
+}
+
+// UpsertPodInterface describes the pod behind a host-side veth. Do it before
+// AttachPod: the program drops everything from an undescribed interface.
+func (d *Datapath) UpsertPodInterface(p PodInterface) error {
+	if p.Ifindex <= 0 {
+		return fmt.Errorf("pod interface: ifindex %d must be > 0", p.Ifindex)
+	}
+	if err := checkVNI(p.VNI); err != nil {
+		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	v := mizarPodIface{Vni: p.VNI}
+	var err error
+	if v.Ip, err = ipv4("pod IP", p.IP); err != nil {
+		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	if v.Mac, err = mac("pod MAC", p.MAC); err != nil {
+		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	if v.GwIp, err = ipv4("gateway IP", p.GatewayIP); err != nil {
+		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	if v.GwMac, err = mac("gateway MAC", p.GatewayMAC); err != nil {
+		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	if err := checkPrefix(p.Subnet); err != nil {
+		return fmt.Errorf("pod interface %d subnet: %w", p.Ifindex, err)
+	}
+	if !p.Subnet.Contains(p.IP.Unmap()) {
+		return fmt.Errorf("pod interface %d: IP %s is outside its subnet %s", p.Ifindex, p.IP, p.Subnet)
+	}
+	v.Subnet = p.Subnet.Addr().Unmap().As4()
+	v.SubnetLen = uint32(p.Subnet.Bits())
+	if err := d.objs.PodIfaces.Put(uint32(p.Ifindex), &v); err != nil {
+		return fmt.Errorf("put pod interface %d: %w", p.Ifindex, err)
+	}
+	return nil
+}
+
+// DeletePodInterface removes a pod interface's description; a missing one is
+// not an error.
+func (d *Datapath) DeletePodInterface(ifindex int) error {
+	if ifindex <= 0 {
+		return fmt.Errorf("pod interface: ifindex %d must be > 0", ifindex)
+	}
+	return deleteKey(d.objs.PodIfaces, uint32(ifindex), "pod interface")
+}
+
+// PodInterfaces lists the pod_ifaces map.
+func (d *Datapath) PodInterfaces() ([]PodInterface, error) {
+	var (
+		k   uint32
+		v   mizarPodIface
+		out []PodInterface
+	)
+	it := d.objs.PodIfaces.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, PodInterface{
+			Ifindex:    int(k),
+			VNI:        v.Vni,
+			IP:         netip.AddrFrom4(v.Ip),
+			MAC:        hwaddr(v.Mac),
+			Subnet:     netip.PrefixFrom(netip.AddrFrom4(v.Subnet), int(v.SubnetLen)),
+			GatewayIP:  netip.AddrFrom4(v.GwIp),
+			GatewayMAC: hwaddr(v.GwMac),
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list pod interfaces: %w", err)
+	}
+	return out, nil
+}
+
+// Counters are the per-program packet counters, summed over CPUs, by name:
+// the C enum names lower-cased without their UL_/POD_ prefix (e.g.
+// Underlay["deliver"], Pod["drop_spoof"]).
+type Counters struct {
+	Underlay map[string]uint64
+	Pod      map[string]uint64
+}
+
+// Counters reads both programs' counters.
+func (d *Datapath) Counters() (Counters, error) {
+	ul, err := sumPerCPU(d.objs.UnderlayStats, d.underlayNames)
+	if err != nil {
+		return Counters{}, fmt.Errorf("underlay counters: %w", err)
+	}
+	pod, err := sumPerCPU(d.objs.PodStats, d.podNames)
+	if err != nil {
+		return Counters{}, fmt.Errorf("pod counters: %w", err)
+	}
+	return Counters{Underlay: ul, Pod: pod}, nil
+}
+
+func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
+	out := make(map[string]uint64, len(names))
+	var per []uint64
+	for i, name := range names {
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+func deleteKey(m *ebpf.Map, key any, what string) error {
+	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete %s: %w", what, err)
+	}
+	return nil
+}
+
+func checkVNI(vni uint32) error {
+	if vni == 0 || vni > MaxVNI {
+		return fmt.Errorf("VNI %d out of range 1..%d", vni, MaxVNI)
+	}
+	return nil
+}
+
+func endpointKey(vni uint32, ip netip.Addr) (mizarEndpointKey, error) {
+	if err := checkVNI(vni); err != nil {
+		return mizarEndpointKey{}, err
+	}
+	a, err := ipv4("endpoint IP", ip)
+	if err != nil {
+		return mizarEndpointKey{}, err
+	}
+	return mizarEndpointKey{Vni: vni, Ip: a}, nil
+}
+
+func subnetKey(vni uint32, p netip.Prefix) (mizarSubnetKey, error) {
+	if err := checkVNI(vni); err != nil {
+		return mizarSubnetKey{}, err
+	}
+	if err := checkPrefix(p); err != nil {
+		return mizarSubnetKey{}, err
+	}
+	// The VNI is always matched in full: prefixlen counts its 32 bits.
+	return mizarSubnetKey{Prefixlen: 32 + uint32(p.Bits()), Vni: vni, Ip: p.Addr().Unmap().As4()}, nil
+}
+
+func checkPrefix(p netip.Prefix) error {
+	if !p.IsValid() || !p.Addr().Unmap().Is4() {
+		return fmt.Errorf("%v is not an IPv4 prefix", p)
+	}
+	if p.Masked() != p {
+		return fmt.Errorf("prefix %s has host bits set (want %s)", p, p.Masked())
+	}
+	return nil
+}
+
+func ipv4(what string, a netip.Addr) ([4]byte, error) {
+	a = a.Unmap()
+	if !a.Is4() {
+		return [4]byte{}, fmt.Errorf("%s %v is not an IPv4 address", what, a)
+	}
+	if a.IsUnspecified() {
+		return [4]byte{}, fmt.Errorf("%s is 0.0.0.0", what)
+	}
+	return a.As4(), nil
+}
+
+func mac(what string, m net.HardwareAddr) ([6]byte, error) {
+	var out [6]byte
+	if len(m) != 6 {
+		return out, fmt.Errorf("%s %q is not a 6-byte Ethernet address", what, m.String())
+	}
+	copy(out[:], m)
+	if out == [6]byte{} {
+		return out, fmt.Errorf("%s is all zeros", what)
+	}
+	return out, nil
+}
+
+func hwaddr(b [6]byte) net.HardwareAddr {
+	return net.HardwareAddr(append([]byte(nil), b[:]...))
+}
+
+func hops(dst *[MaxHops]mizarHop, src []Hop) (uint32, error) {
+	if len(src) > MaxHops {
+		return 0, fmt.Errorf("%d hops, at most %d", len(src), MaxHops)
+	}
+	for i, h := range src {
+		var err error
+		if dst[i].Ip, err = ipv4("hop IP", h.IP); err != nil {
+			return 0, err
+		}
+		if dst[i].Mac, err = mac("hop MAC", h.MAC); err != nil {
+			return 0, err
+		}
+	}
+	return uint32(len(src)), nil
+}
+
+func fromHops(src []mizarHop, n uint32) []Hop {
+	n = min(n, uint32(len(src)))
+	out := make([]Hop, 0, n)
+	for _, h := range src[:n] {
+		out = append(out, Hop{IP: netip.AddrFrom4(h.Ip), MAC: hwaddr(h.Mac)})
+	}
+	return out
+}

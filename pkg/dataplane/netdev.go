@@ -1,0 +1,98 @@
+package dataplane
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/safchain/ethtool"
+)
+
+// GeneveOverhead is what mizar adds to every pod packet on the underlay:
+// outer IPv4 20 + UDP 8 + Geneve 8 (no options) + inner Ethernet 14.
+const GeneveOverhead = 50
+
+// PodMTU is the MTU to give a pod's interface (and its host-side veth) so
+// that its packets fit the underlay after encapsulation.
+func PodMTU(underlayMTU int) (int, error) {
+	const minIPv4MTU = 68
+	if underlayMTU-GeneveOverhead < minIPv4MTU {
+		return 0, fmt.Errorf("underlay MTU %d leaves less than %d bytes for pods", underlayMTU, minIPv4MTU)
+	}
+	return underlayMTU - GeneveOverhead, nil
+}
+
+// EnableGRO turns GRO on for ifname in the calling thread's netns.
+//
+// The node agent must do this for every pod's eth0 (inside the pod netns,
+// EnableGROInNetns): the underlay program delivers into a pod by redirecting
+// to its host-side veth, and a veth drops redirected frames unless its peer
+// has NAPI, which GRO switches on (kernel >= 5.13). It also lets the pod's
+// stack receive aggregated segments.
+func EnableGRO(ifname string) error {
+	return SetFeatures(ifname, map[string]bool{"rx-gro": true})
+}
+
+// EnableGROInNetns is EnableGRO inside the netns at nsPath (e.g. the pod's
+// /var/run/netns/... or /proc/<pid>/ns/net).
+func EnableGROInNetns(nsPath, ifname string) error {
+	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error { return EnableGRO(ifname) })
+	if err != nil {
+		return fmt.Errorf("in netns %s: %w", nsPath, err)
+	}
+	return nil
+}
+
+// SetFeatures sets ethtool features (names as `ethtool -k` prints them, e.g.
+// "rx-gro", "tx-tcp-segmentation", "tx-generic-segmentation",
+// "tx-checksum-ip-generic") on ifname in the calling thread's netns, and
+// checks that the kernel applied them: a feature can be refused because
+// another one it depends on is off.
+func SetFeatures(ifname string, features map[string]bool) error {
+	e, err := ethtool.NewEthtool()
+	if err != nil {
+		return fmt.Errorf("ethtool socket: %w", err)
+	}
+	defer e.Close()
+	if err := e.Change(ifname, features); err != nil {
+		return fmt.Errorf("ethtool %s: set %v: %w", ifname, features, err)
+	}
+	got, err := e.Features(ifname)
+	if err != nil {
+		return fmt.Errorf("ethtool %s: read features: %w", ifname, err)
+	}
+	for name, want := range features {
+		if got[name] != want {
+			return fmt.Errorf("ethtool %s: %s stayed %v (fixed, or depends on another feature)", ifname, name, got[name])
+		}
+	}
+	return nil
+}
+
+// AttachXDPPass attaches a pass-only XDP program to ifname (calling thread's
+// netns) in driver mode and returns the link; closing it detaches.
+//
+// Needed on the peer of a veth whose XDP program returns XDP_TX (a bouncer
+// or divider on a veth underlay, as in netns test clusters): the veth hands
+// XDP_TX frames to the peer's NAPI but, on kernel 6.18, kicks that NAPI only
+// when the peer has an XDP program of its own (veth_xdp_flush); with GRO
+// alone the frames wait in the ring until unrelated traffic arrives
+// (measured: ping 300-900 ms, TCP handshakes timing out). Redirects into a
+// veth (delivery to pods) flush unconditionally, so GRO suffices there.
+func AttachXDPPass(ifname string) (link.Link, error) {
+	iface, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("xdp pass on %s: %w", ifname, err)
+	}
+	var objs passObjects
+	if err := loadPassObjects(&objs, nil); err != nil {
+		return nil, fmt.Errorf("load pass program: %w", err)
+	}
+	defer objs.Close() // the link keeps the program alive
+	l, err := link.AttachXDP(link.XDPOptions{Program: objs.MizarXdpPass, Interface: iface.Index, Flags: link.XDPDriverMode})
+	if err != nil {
+		return nil, fmt.Errorf("xdp pass on %s: %w", ifname, err)
+	}
+	return l, nil
+}

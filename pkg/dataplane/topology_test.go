@@ -1,0 +1,467 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// A test network on one machine, per DESIGN.md: hosts are network
+// namespaces whose "ul0" veths hang off a bridge in a switch namespace (the
+// underlay); pods are namespaces behind veths of their host. Nothing is
+// created in the caller's namespace, and t.Cleanup removes every namespace
+// (and with them every veth), process and pin, pass or fail.
+
+// netNS is a named network namespace created for one test.
+type netNS struct {
+	name string
+	ns   ns.NetNS
+	nl   *netlink.Handle
+}
+
+func newNetNS(tb testing.TB, name string) *netNS {
+	tb.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: this thread moved into the new netns and dies
+		// with the goroutine instead of going back to the scheduler.
+		runtime.LockOSThread()
+		h, err := netns.NewNamed(name)
+		if err == nil {
+			_ = h.Close()
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		tb.Fatalf("create netns %s: %v", name, err)
+	}
+	n := &netNS{name: name}
+	tb.Cleanup(func() {
+		if n.nl != nil {
+			n.nl.Close()
+		}
+		if n.ns != nil {
+			_ = n.ns.Close()
+		}
+		if err := netns.DeleteNamed(name); err != nil {
+			tb.Errorf("delete netns %s: %v", name, err)
+		}
+	})
+	var err error
+	if n.ns, err = ns.GetNS(n.path()); err != nil {
+		tb.Fatalf("open netns %s: %v", name, err)
+	}
+	h, err := netns.GetFromPath(n.path())
+	if err != nil {
+		tb.Fatalf("open netns %s: %v", name, err)
+	}
+	defer h.Close()
+	if n.nl, err = netlink.NewHandleAt(h); err != nil {
+		tb.Fatalf("netlink in %s: %v", name, err)
+	}
+	lo, err := n.nl.LinkByName("lo")
+	if err == nil {
+		err = n.nl.LinkSetUp(lo)
+	}
+	if err != nil {
+		tb.Fatalf("lo up in %s: %v", name, err)
+	}
+	return n
+}
+
+func (n *netNS) path() string { return filepath.Join("/run/netns", n.name) }
+
+// do runs fn on a thread inside the namespace.
+func (n *netNS) do(tb testing.TB, fn func() error) {
+	tb.Helper()
+	if err := n.ns.Do(func(ns.NetNS) error { return fn() }); err != nil {
+		tb.Fatalf("in netns %s: %v", n.name, err)
+	}
+}
+
+// exec runs a command inside the namespace and returns its output.
+func (n *netNS) exec(ctx context.Context, name string, args ...string) (string, error) {
+	var out []byte
+	err := n.ns.Do(func(ns.NetNS) error {
+		var err error
+		// Forked from this locked thread, so the child is in the netns.
+		out, err = exec.CommandContext(ctx, name, args...).CombinedOutput()
+		return err
+	})
+	return string(out), err
+}
+
+// start runs a command in the background inside the namespace; it is killed
+// when the test ends.
+func (n *netNS) start(tb testing.TB, name string, args ...string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	n.do(tb, cmd.Start)
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// listen opens a TCP listener inside the namespace (the socket stays there
+// whichever thread uses it later).
+func (n *netNS) listen(tb testing.TB, addr string) net.Listener {
+	tb.Helper()
+	var l net.Listener
+	n.do(tb, func() (err error) {
+		l, err = net.Listen("tcp4", addr)
+		return err
+	})
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func (n *netNS) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := n.ns.Do(func(ns.NetNS) error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp4", addr)
+		return err
+	})
+	return c, err
+}
+
+func (n *netNS) sysctl(tb testing.TB, key, value string) {
+	tb.Helper()
+	n.do(tb, func() error {
+		return os.WriteFile(filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/")), []byte(value), 0o644)
+	})
+}
+
+type testHost struct {
+	name    string
+	ns      *netNS
+	ip      netip.Addr
+	mac     net.HardwareAddr
+	ulIndex int
+	dp      *Datapath
+}
+
+func (h *testHost) hop() Hop { return Hop{IP: h.ip, MAC: h.mac} }
+
+type testPod struct {
+	name      string
+	host      *testHost
+	ns        *netNS
+	vni       uint32
+	ip        netip.Addr
+	subnet    netip.Prefix
+	mac       net.HardwareAddr
+	hostIf    string
+	hostIndex int
+}
+
+type podSpec struct {
+	name, host string
+	vni        uint32
+	addr       string // ip/len
+}
+
+type testNet struct {
+	sw    *netNS
+	hosts map[string]*testHost
+	pods  map[string]*testPod
+	order []*testHost
+}
+
+// gatewayMAC is what the pods' ARP for their gateway resolves to.
+var gatewayMAC = mustMAC("02:fe:00:00:00:01")
+
+const (
+	underlayMTU = 1500
+	podMTU      = underlayMTU - GeneveOverhead
+)
+
+// newTestNet builds the namespaces and links. Routing (plain, VXLAN, or
+// mizar) is configured separately.
+func newTestNet(tb testing.TB, hosts []string, pods []podSpec) *testNet {
+	tb.Helper()
+	requireRoot(tb)
+	sfx := randSuffix(tb)
+	tn := &testNet{hosts: map[string]*testHost{}, pods: map[string]*testPod{}}
+	tn.sw = newNetNS(tb, "mzt-"+sfx+"-sw")
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: underlayMTU}}
+	must(tb, tn.sw.nl.LinkAdd(br))
+	must(tb, tn.sw.nl.LinkSetUp(br))
+
+	for i, name := range hosts {
+		h := &testHost{
+			name: name,
+			ns:   newNetNS(tb, "mzt-"+sfx+"-"+name),
+			ip:   netip.AddrFrom4([4]byte{198, 18, 0, byte(11 + i)}),
+			mac:  net.HardwareAddr{2, 0, 0, 0, 0, byte(0x11 + i)},
+		}
+		port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p" + name, MTU: underlayMTU, MasterIndex: 0},
+			PeerName: "ul0", PeerHardwareAddr: h.mac, PeerNamespace: netlink.NsFd(h.ns.ns.Fd()), PeerMTU: underlayMTU}
+		must(tb, tn.sw.nl.LinkAdd(port))
+		must(tb, tn.sw.nl.LinkSetMaster(port, br))
+		must(tb, tn.sw.nl.LinkSetUp(port))
+		ul, err := h.ns.nl.LinkByName("ul0")
+		must(tb, err)
+		must(tb, h.ns.nl.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.ip, 24))}))
+		must(tb, h.ns.nl.LinkSetUp(ul))
+		h.ulIndex = ul.Attrs().Index
+		tn.hosts[name] = h
+		tn.order = append(tn.order, h)
+	}
+
+	for i, s := range pods {
+		h := tn.hosts[s.host]
+		pfx := netip.MustParsePrefix(s.addr)
+		p := &testPod{
+			name: s.name, host: h, vni: s.vni, ip: pfx.Addr(), subnet: pfx.Masked(),
+			ns:     newNetNS(tb, "mzt-"+sfx+"-"+s.name),
+			mac:    net.HardwareAddr{2, 0xaa, 0, 0, 0, byte(i + 1)},
+			hostIf: "mz" + s.name,
+		}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.hostIf, MTU: podMTU},
+			PeerName: "eth0", PeerHardwareAddr: p.mac, PeerNamespace: netlink.NsFd(p.ns.ns.Fd()), PeerMTU: podMTU}
+		must(tb, h.ns.nl.LinkAdd(veth))
+		hl, err := h.ns.nl.LinkByName(p.hostIf)
+		must(tb, err)
+		must(tb, h.ns.nl.LinkSetUp(hl))
+		p.hostIndex = hl.Attrs().Index
+		eth0, err := p.ns.nl.LinkByName("eth0")
+		must(tb, err)
+		must(tb, p.ns.nl.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(pfx)}))
+		must(tb, p.ns.nl.LinkSetUp(eth0))
+		gw := gatewayOf(p.subnet)
+		must(tb, p.ns.nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}))
+		// The underlay program redirects into the host-side veth; the veth
+		// delivers only if this end has NAPI (GRO on).
+		must(tb, EnableGROInNetns(p.ns.path(), "eth0"))
+		tn.pods[s.name] = p
+	}
+	return tn
+}
+
+func gatewayOf(subnet netip.Prefix) netip.Addr { return subnet.Addr().Next() }
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+}
+
+func must(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// wireFeatures is "what a NIC puts on a wire": no segmentation and no
+// checksum offload left for the receiver, so every frame on the underlay is
+// MTU-sized with complete checksums (DESIGN.md, "Measuring throughput").
+// Checksums matter beyond speed: a veth hands CHECKSUM_PARTIAL skbs to its
+// peer as they are, and a native XDP program that redirects a frame loses
+// that state, so the pod would get a TCP packet with only a pseudo-header
+// sum. A real NIC completes the checksum before the wire.
+var wireFeatures = map[string]bool{
+	"tx-checksum-ip-generic":       false,
+	"tx-tcp-segmentation":          false,
+	"tx-tcp6-segmentation":         false,
+	"tx-generic-segmentation":      false,
+	"tx-udp_tnl-segmentation":      false,
+	"tx-udp_tnl-csum-segmentation": false,
+}
+
+// wireMode applies wireFeatures to both ends of every underlay veth.
+func (tn *testNet) wireMode(tb testing.TB) {
+	tb.Helper()
+	for _, h := range tn.order {
+		h.ns.do(tb, func() error { return SetFeatures("ul0", wireFeatures) })
+		tn.sw.do(tb, func() error { return SetFeatures("p"+h.name, wireFeatures) })
+	}
+}
+
+// xdpTXToSwitch lets host's XDP_TX reach the bridge: a pass-only XDP
+// program on the switch-side peer (see AttachXDPPass for why GRO is not
+// enough). A NIC needs nothing of the kind.
+func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
+	tb.Helper()
+	tn.sw.do(tb, func() error {
+		l, err := AttachXDPPass("p" + host)
+		if err != nil {
+			return err
+		}
+		tb.Cleanup(func() { _ = l.Close() })
+		return nil
+	})
+}
+
+// loadMizar loads and attaches mizar on a host and registers its pods:
+// interface description, local endpoint, pod-side program.
+func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
+	tb.Helper()
+	h.ns.do(tb, func() error {
+		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac})
+		if err != nil {
+			return err
+		}
+		tb.Cleanup(func() { _ = dp.Close() })
+		h.dp = dp
+		return dp.AttachUnderlay("ul0")
+	})
+	for _, p := range tn.pods {
+		if p.host != h {
+			continue
+		}
+		must(tb, h.dp.UpsertPodInterface(PodInterface{
+			Ifindex: p.hostIndex, VNI: p.vni, IP: p.ip, MAC: p.mac, Subnet: p.subnet,
+			GatewayIP: gatewayOf(p.subnet), GatewayMAC: gatewayMAC,
+		}))
+		must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: h.ip, HostMAC: h.mac, Ifindex: p.hostIndex}))
+		h.ns.do(tb, func() error { return h.dp.AttachPod(p.hostIf) })
+	}
+}
+
+// remoteEndpoint tells host h where pod p lives.
+func (tn *testNet) remoteEndpoint(tb testing.TB, h *testHost, p *testPod) {
+	tb.Helper()
+	must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: p.host.ip, HostMAC: p.host.mac}))
+}
+
+// ping runs count pings from pod src to dst and reports success.
+func (p *testPod) ping(tb testing.TB, dst netip.Addr, count int) (string, bool) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(count+3)*time.Second)
+	defer cancel()
+	out, err := p.ns.exec(ctx, "ping", "-n", "-q", "-c", fmt.Sprint(count), "-i", "0.2", "-W", "1", dst.String())
+	return out, err == nil
+}
+
+// capture records frames seen on an interface of a namespace.
+type capture struct {
+	h      *pcapgo.EthernetHandle
+	mu     sync.Mutex
+	frames [][]byte
+	done   chan struct{}
+}
+
+func (n *netNS) capture(tb testing.TB, ifname string) *capture {
+	tb.Helper()
+	c := &capture{done: make(chan struct{})}
+	n.do(tb, func() (err error) {
+		c.h, err = pcapgo.NewEthernetHandle(ifname)
+		return err
+	})
+	go func() {
+		defer close(c.done)
+		for {
+			data, _, err := c.h.ReadPacketData()
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			c.frames = append(c.frames, append([]byte(nil), data...))
+			c.mu.Unlock()
+		}
+	}()
+	tb.Cleanup(func() { c.stop() })
+	return c
+}
+
+func (c *capture) stop() [][]byte {
+	_ = c.h.Close()
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames
+}
+
+// plainRouting routes pod addresses between hosts without encapsulation:
+// each host proxies ARP for remote pods on the pod's veth and routes them to
+// their host over the underlay.
+func (tn *testNet) plainRouting(tb testing.TB) {
+	tb.Helper()
+	tn.hostRoutes(tb, func(o *testHost, p *testPod) {
+		must(tb, o.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), Gw: p.host.ip.AsSlice(), LinkIndex: o.ulIndex}))
+	})
+}
+
+// vxlan is the kernel's overlay on the same topology: one VXLAN device per
+// host (VNI 42, UDP 4789, no learning) with static neighbour and FDB entries
+// for remote pods, as flannel's vxlan backend programs them.
+func (tn *testNet) vxlan(tb testing.TB) {
+	tb.Helper()
+	vxMAC := func(h *testHost) net.HardwareAddr { return net.HardwareAddr{2, 0xfd, 0, 0, 0, h.mac[5]} }
+	vx := map[*testHost]int{}
+	for _, h := range tn.order {
+		l := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vx0", MTU: podMTU, HardwareAddr: vxMAC(h)},
+			VxlanId: 42, SrcAddr: h.ip.AsSlice(), Port: 4789, VtepDevIndex: h.ulIndex}
+		must(tb, h.ns.nl.LinkAdd(l))
+		must(tb, h.ns.nl.LinkSetUp(l))
+		vx[h] = l.Attrs().Index
+	}
+	tn.hostRoutes(tb, func(o *testHost, p *testPod) {
+		must(tb, o.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), LinkIndex: vx[o], Scope: netlink.SCOPE_LINK}))
+		must(tb, o.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: vx[o], IP: p.ip.AsSlice(), HardwareAddr: vxMAC(p.host),
+			State: netlink.NUD_PERMANENT, Family: netlink.FAMILY_V4}))
+		must(tb, o.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: vx[o], IP: p.host.ip.AsSlice(), HardwareAddr: vxMAC(p.host),
+			State: netlink.NUD_PERMANENT, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF}))
+	})
+}
+
+// hostRoutes enables forwarding, routes each pod on its own host and proxies
+// ARP for the others on its veth; remote(o, p) adds host o's route to pod p.
+func (tn *testNet) hostRoutes(tb testing.TB, remote func(o *testHost, p *testPod)) {
+	tb.Helper()
+	for _, h := range tn.order {
+		h.ns.sysctl(tb, "net.ipv4.ip_forward", "1")
+	}
+	for _, p := range tn.pods {
+		p.host.ns.sysctl(tb, "net.ipv4.conf."+p.hostIf+".proxy_arp", "1")
+		must(tb, p.host.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(netip.PrefixFrom(p.ip, 32)), LinkIndex: p.hostIndex}))
+		for _, o := range tn.order {
+			if o != p.host {
+				remote(o, p)
+			}
+		}
+	}
+}
+
+// mizarOneSubnet runs mizar with every pod in VPC 100's 10.1.1.0/24 and C
+// as its bouncer and divider. direct: every host also knows where every pod
+// lives, so traffic goes host to host; otherwise it bounces off C.
+func (tn *testNet) mizarOneSubnet(tb testing.TB, direct bool) {
+	tb.Helper()
+	C := tn.hosts["C"]
+	if !direct {
+		tn.xdpTXToSwitch(tb, "C")
+	}
+	for _, h := range tn.order {
+		tn.loadMizar(tb, h)
+		must(tb, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
+		must(tb, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
+	}
+	for _, p := range tn.pods {
+		for _, h := range tn.order {
+			if h != p.host && (direct || h == C) {
+				tn.remoteEndpoint(tb, h, p)
+			}
+		}
+	}
+}
