@@ -22,7 +22,6 @@ import (
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	managedfields "k8s.io/apimachinery/pkg/util/managedfields"
-
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	internal "mizar.dev/pkg/generated/applyconfiguration/internal"
 	networkingv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"

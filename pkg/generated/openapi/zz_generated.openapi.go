@@ -28,7 +28,6 @@ import (
 	version "k8s.io/apimachinery/pkg/version"
 	common "k8s.io/kube-openapi/pkg/common"
 	spec "k8s.io/kube-openapi/pkg/validation/spec"
-
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 

@@ -25,7 +25,6 @@ import (
 	discovery "k8s.io/client-go/discovery"
 	rest "k8s.io/client-go/rest"
 	flowcontrol "k8s.io/client-go/util/flowcontrol"
-
 	networkingv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1"
 )
 

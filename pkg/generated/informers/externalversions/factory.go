@@ -27,7 +27,6 @@ import (
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	cache "k8s.io/client-go/tools/cache"
-
 	versioned "mizar.dev/pkg/generated/clientset/versioned"
 	internalinterfaces "mizar.dev/pkg/generated/informers/externalversions/internalinterfaces"
 	networking "mizar.dev/pkg/generated/informers/externalversions/networking"

@@ -23,7 +23,6 @@ import (
 
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	cache "k8s.io/client-go/tools/cache"
-
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 

@@ -20,7 +20,6 @@ package v1alpha1
 
 import (
 	v1 "k8s.io/client-go/applyconfigurations/meta/v1"
-
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 

@@ -23,7 +23,6 @@ import (
 	types "k8s.io/apimachinery/pkg/types"
 	managedfields "k8s.io/apimachinery/pkg/util/managedfields"
 	v1 "k8s.io/client-go/applyconfigurations/meta/v1"
-
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	internal "mizar.dev/pkg/generated/applyconfiguration/internal"
 )

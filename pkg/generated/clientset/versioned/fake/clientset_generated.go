@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/discovery"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/testing"
-
 	applyconfiguration "mizar.dev/pkg/generated/applyconfiguration"
 	clientset "mizar.dev/pkg/generated/clientset/versioned"
 	networkingv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1"

@@ -22,7 +22,6 @@ import (
 	labels "k8s.io/apimachinery/pkg/labels"
 	listers "k8s.io/client-go/listers"
 	cache "k8s.io/client-go/tools/cache"
-
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 

@@ -26,7 +26,6 @@ import (
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	watch "k8s.io/apimachinery/pkg/watch"
 	cache "k8s.io/client-go/tools/cache"
-
 	apisnetworkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	versioned "mizar.dev/pkg/generated/clientset/versioned"
 	internalinterfaces "mizar.dev/pkg/generated/informers/externalversions/internalinterfaces"

@@ -25,7 +25,6 @@ import (
 	types "k8s.io/apimachinery/pkg/types"
 	watch "k8s.io/apimachinery/pkg/watch"
 	gentype "k8s.io/client-go/gentype"
-
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	applyconfigurationnetworkingv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"
 	scheme "mizar.dev/pkg/generated/clientset/versioned/scheme"

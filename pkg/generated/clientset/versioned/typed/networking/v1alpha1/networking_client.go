@@ -22,7 +22,6 @@ import (
 	http "net/http"
 
 	rest "k8s.io/client-go/rest"
-
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	scheme "mizar.dev/pkg/generated/clientset/versioned/scheme"
 )

@@ -20,7 +20,6 @@ package fake
 
 import (
 	gentype "k8s.io/client-go/gentype"
-
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	networkingv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"
 	typednetworkingv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1"

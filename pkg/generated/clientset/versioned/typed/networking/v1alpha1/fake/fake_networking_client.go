@@ -21,7 +21,6 @@ package fake
 import (
 	rest "k8s.io/client-go/rest"
 	testing "k8s.io/client-go/testing"
-
 	v1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1"
 )
 
