@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 )
 
 // Kind describes one resource. T is the internal object type (a pointer), S its
@@ -40,11 +41,8 @@ type Kind[T runtime.Object, S, St any] struct {
 	ValidateUpdate func(obj, old T) field.ErrorList
 	ValidateStatus func(obj T) field.ErrorList
 
-	// Relations, when set, checks a new object against other stored objects and may
-	// fill in allocated fields. It runs only for statically valid objects; the
-	// returned release func runs once the create has finished either way, so a
-	// lock taken for the check is held until the object is stored.
-	Relations func(ctx context.Context, obj T) (release func(), errs field.ErrorList, err error)
+	// Relations, when set, checks a new object against other stored objects.
+	Relations *Relations[T]
 
 	// SelectableFields are the field selectors clients may use beyond metadata.name
 	// and metadata.namespace.
@@ -55,6 +53,17 @@ type Kind[T runtime.Object, S, St any] struct {
 
 	ShortNames []string
 	Columns    []Column[T]
+}
+
+// Relations checks a new object against the objects it depends on and may fill
+// in allocated fields. Check runs only for statically valid objects and holds
+// Locker's key for the object from before its reads until the object is stored,
+// so two creates whose checks read the same objects cannot interleave.
+type Relations[T runtime.Object] struct {
+	Locker Locker
+	Key    func(T) string
+	// Check gets the resource's own store (for reading siblings) besides the object.
+	Check func(ctx context.Context, self *genericregistry.Store, obj T) (field.ErrorList, error)
 }
 
 // Column is one kubectl column shown between NAME and AGE.

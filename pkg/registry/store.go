@@ -72,7 +72,7 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 		return nil, nil, fmt.Errorf("%s is not in the scheme: %w", k.Resource, err)
 	}
 	if k.Relations != nil {
-		store.BeginCreate = k.beginCreate(gvks[0].GroupKind())
+		store.BeginCreate = k.beginCreate(gvks[0].GroupKind(), store)
 	}
 	trigger, indexers := k.indexers()
 	opts := &generic.StoreOptions{RESTOptions: optsGetter, AttrFunc: k.getAttrs, TriggerFunc: trigger, Indexers: indexers}
@@ -96,25 +96,26 @@ func (s *strategy[T, S, St]) statusStrategy() *statusStrategy[T, S, St] {
 // beginCreate runs the relational checks of a create. The store calls it before
 // the strategy's own validation, so static validation runs here first: only a
 // well-formed object may take a lock, and a bad one gets every static error at once.
-func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind) genericregistry.BeginCreateFunc {
+func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.Store) genericregistry.BeginCreateFunc {
+	r := k.Relations
 	return func(ctx context.Context, obj runtime.Object, _ *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
 		t := must[T](obj)
 		if errs := k.Validate(t); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
 		}
-		release, errs, err := k.Relations(ctx, t)
+		unlock, err := r.Locker.Lock(ctx, r.Key(t))
 		if err != nil {
+			return nil, fmt.Errorf("serializing the create of %s %q: %w", k.Singular, objectMeta(obj).GetName(), err)
+		}
+		errs, err := r.Check(ctx, self, t)
+		if err == nil && len(errs) > 0 {
+			err = apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
+		}
+		if err != nil {
+			unlock()
 			return nil, err
 		}
-		finish := func(context.Context, bool) {
-			if release != nil {
-				release()
-			}
-		}
-		if len(errs) > 0 {
-			finish(ctx, false)
-			return nil, apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
-		}
-		return finish, nil
+		// Held until the object is stored (or the create fails further on).
+		return func(context.Context, bool) { unlock() }, nil
 	}
 }

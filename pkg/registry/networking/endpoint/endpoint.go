@@ -51,22 +51,14 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Endpoint, networking.Endpoi
 // allocated and checked for uniqueness under the subnet's lock.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker, subnets *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	var store *registry.REST
-	k.Relations = func(ctx context.Context, ep *networking.Endpoint) (func(), field.ErrorList, error) {
-		unlock, err := locker.Lock(ctx, "endpoints/"+ep.Spec.Subnet)
-		if err != nil {
-			return nil, nil, err
-		}
-		errs, err := assignAddress(ctx, subnets, store.Store, ep)
-		if err != nil {
-			unlock()
-			return nil, nil, err
-		}
-		return unlock, errs, nil
+	k.Relations = &registry.Relations[*networking.Endpoint]{
+		Locker: locker,
+		Key:    func(ep *networking.Endpoint) string { return "endpoints/" + ep.Spec.Subnet },
+		Check: func(ctx context.Context, endpoints *genericregistry.Store, ep *networking.Endpoint) (field.ErrorList, error) {
+			return assignAddress(ctx, subnets, endpoints, ep)
+		},
 	}
-	rest, status, err := registry.NewREST(&k, scheme, optsGetter)
-	store = rest
-	return rest, status, err
+	return registry.NewREST(&k, scheme, optsGetter)
 }
 
 // assignAddress gives an endpoint without an address the lowest free one of its

@@ -41,22 +41,14 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Subnet, networking.SubnetSp
 // subnets created at once cannot both be stored.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker, vpcs *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	var store *registry.REST
-	k.Relations = func(ctx context.Context, s *networking.Subnet) (func(), field.ErrorList, error) {
-		unlock, err := locker.Lock(ctx, "subnets/"+s.Spec.VPC)
-		if err != nil {
-			return nil, nil, err
-		}
-		errs, err := checkPlacement(ctx, vpcs, store.Store, s)
-		if err != nil {
-			unlock()
-			return nil, nil, err
-		}
-		return unlock, errs, nil
+	k.Relations = &registry.Relations[*networking.Subnet]{
+		Locker: locker,
+		Key:    func(s *networking.Subnet) string { return "subnets/" + s.Spec.VPC },
+		Check: func(ctx context.Context, subnets *genericregistry.Store, s *networking.Subnet) (field.ErrorList, error) {
+			return checkPlacement(ctx, vpcs, subnets, s)
+		},
 	}
-	rest, status, err := registry.NewREST(&k, scheme, optsGetter)
-	store = rest
-	return rest, status, err
+	return registry.NewREST(&k, scheme, optsGetter)
 }
 
 // checkPlacement checks that a new subnet fits inside its VPC beside its siblings.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/validation"
@@ -44,28 +45,18 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Vpc, networking.VpcSpec, ne
 // checked for uniqueness under a cluster-wide lock.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	var store *registry.REST
-	k.Relations = func(ctx context.Context, vpc *networking.Vpc) (func(), field.ErrorList, error) {
-		unlock, err := locker.Lock(ctx, "vpcs")
-		if err != nil {
-			return nil, nil, err
-		}
-		errs, err := assignVNI(ctx, store, vpc)
-		if err != nil {
-			unlock()
-			return nil, nil, err
-		}
-		return unlock, errs, nil
+	k.Relations = &registry.Relations[*networking.Vpc]{
+		Locker: locker,
+		Key:    func(*networking.Vpc) string { return "vpcs" },
+		Check:  assignVNI,
 	}
-	rest, status, err := registry.NewREST(&k, scheme, optsGetter)
-	store = rest
-	return rest, status, err
+	return registry.NewREST(&k, scheme, optsGetter)
 }
 
 // assignVNI allocates the lowest free VNI to a VPC that asked for one, and checks
 // that a requested VNI is not taken.
-func assignVNI(ctx context.Context, store *registry.REST, vpc *networking.Vpc) (field.ErrorList, error) {
-	vpcs, err := registry.ListLatest[networking.VpcList](ctx, store.Store, fields.Everything())
+func assignVNI(ctx context.Context, vpcStore *genericregistry.Store, vpc *networking.Vpc) (field.ErrorList, error) {
+	vpcs, err := registry.ListLatest[networking.VpcList](ctx, vpcStore, fields.Everything())
 	if err != nil {
 		return nil, err
 	}
