@@ -8,9 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/authorization/path"
+	"k8s.io/apiserver/pkg/authorization/union"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/util/compatibility"
@@ -82,6 +88,20 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}()
 
+	// Settle the serving mode first: a mistake there is reported before anything starts.
+	var standalone *standalonePKI
+	if o.Standalone {
+		p, err := o.configureStandalone()
+		if err != nil {
+			return err
+		}
+		standalone = p
+		// Closing is harmless once the server has taken the listener over.
+		cleanups = append(cleanups, func() { _ = o.Recommended.SecureServing.Listener.Close() })
+	} else if err := o.configureAggregated(); err != nil {
+		return err
+	}
+
 	if len(o.Recommended.Etcd.StorageConfig.Transport.ServerList) == 0 {
 		e, err := etcd.StartEmbedded(etcd.EmbeddedOptions{Dir: filepath.Join(o.DataDir, "etcd"), UnsafeNoFsync: o.EtcdUnsafeNoFsync})
 		if err != nil {
@@ -90,17 +110,6 @@ func (o *Options) Run(ctx context.Context) error {
 		cleanups = append(cleanups, e.Close)
 		o.Recommended.Etcd.StorageConfig.Transport.ServerList = e.Endpoints()
 		klog.InfoS("Started embedded etcd", "dir", filepath.Join(o.DataDir, "etcd"))
-	}
-
-	var kubeconfig func(addr string) error
-	if o.Standalone {
-		write, err := o.configureStandalone()
-		if err != nil {
-			return err
-		}
-		kubeconfig = write
-	} else if err := o.configureAggregated(); err != nil {
-		return err
 	}
 	if errs := o.Recommended.Validate(); len(errs) > 0 {
 		return utilerrors.NewAggregate(errs)
@@ -120,15 +129,20 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return fmt.Errorf("applying options: %w", err)
 	}
+	if standalone != nil {
+		if cfg.Authorization.Authorizer, err = standaloneAuthorizer(); err != nil {
+			return err
+		}
+	}
 	server, err := (&Config{Generic: cfg, Locker: locker}).New()
 	if err != nil {
 		return err
 	}
-	if kubeconfig != nil {
+	if standalone != nil {
 		addr := cfg.SecureServing.Listener.Addr().String()
 		// Written once the server listens, so a client that finds it can connect.
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-write-kubeconfig", func(genericapiserver.PostStartHookContext) error {
-			if err := kubeconfig(addr); err != nil {
+			if err := standalone.writeKubeconfig(o.KubeconfigPath(), addr); err != nil {
 				return err
 			}
 			klog.InfoS("Standalone mizar-apiserver is serving", "address", "https://"+addr, "kubeconfig", o.KubeconfigPath())
@@ -139,8 +153,8 @@ func (o *Options) Run(ctx context.Context) error {
 }
 
 // configureStandalone switches off everything that needs kube-apiserver and sets
-// up loopback serving with mizar's own PKI. It returns the kubeconfig writer.
-func (o *Options) configureStandalone() (func(addr string) error, error) {
+// up loopback serving with mizar's own PKI, which it returns.
+func (o *Options) configureStandalone() (*standalonePKI, error) {
 	r := o.Recommended
 	ss := r.SecureServing
 	switch {
@@ -169,22 +183,52 @@ func (o *Options) configureStandalone() (func(addr string) error, error) {
 		ss.BindPort = l.Addr().(*net.TCPAddr).Port
 	}
 
-	// Clients present certificates from mizar's CA; system:masters may do anything,
-	// everyone else nothing. No TokenReview, SubjectAccessReview, kube informers,
+	// Clients present certificates from mizar's CA (standaloneAuthorizer decides
+	// what they may do). No TokenReview, SubjectAccessReview, kube informers,
 	// admission chain or priority-and-fairness: there is no kube-apiserver to ask.
 	r.Authentication.RemoteKubeConfigFileOptional = true
 	r.Authentication.SkipInClusterLookup = true
 	r.Authentication.ClientCert.ClientCA = p.file("ca.crt")
-	r.Authorization.RemoteKubeConfigFileOptional = true
+	r.Authorization = nil
 	r.CoreAPI = nil
 	r.Admission = nil
 	r.Features.EnablePriorityAndFairness = false
-	return func(addr string) error { return p.writeKubeconfig(o.KubeconfigPath(), addr) }, nil
+	return p, nil
+}
+
+// standaloneAuthorizer lets system:masters (the admin kubeconfig) do anything and
+// anyone reach the health endpoints; everything else is forbidden.
+func standaloneAuthorizer() (authorizer.Authorizer, error) {
+	health, err := path.NewAuthorizer([]string{"/healthz", "/livez", "/readyz"})
+	if err != nil {
+		return nil, fmt.Errorf("standalone authorizer: %w", err)
+	}
+	return union.New(health, authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup)), nil
 }
 
 // configureAggregated completes the options for serving behind kube-apiserver.
 func (o *Options) configureAggregated() error {
-	ss := o.Recommended.SecureServing
+	r := o.Recommended
+	// Without kubeconfigs the delegation falls back to the in-cluster config; say
+	// plainly what is missing instead of the library's nested error.
+	if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		var missing []string
+		if r.Authentication.RemoteKubeConfigFile == "" {
+			missing = append(missing, "--authentication-kubeconfig")
+		}
+		if r.Authorization.RemoteKubeConfigFile == "" {
+			missing = append(missing, "--authorization-kubeconfig")
+		}
+		if r.CoreAPI != nil && r.CoreAPI.CoreAPIKubeconfigPath == "" {
+			missing = append(missing, "--kubeconfig")
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("aggregated mode (the default) delegates authentication and authorization to kube-apiserver, "+
+				"but none is configured: not running in a pod (KUBERNETES_SERVICE_HOST is unset) and no %s given; "+
+				"pass them, or run with --standalone for a loopback-only server", strings.Join(missing, ", "))
+		}
+	}
+	ss := r.SecureServing
 	if ss.ServerCert.CertDirectory == "" {
 		ss.ServerCert.CertDirectory = filepath.Join(o.DataDir, "serving-certs")
 	}

@@ -59,11 +59,15 @@ type Kind[T runtime.Object, S, St any] struct {
 // in allocated fields. Check runs only for statically valid objects and holds
 // Locker's key for the object from before its reads until the object is stored,
 // so two creates whose checks read the same objects cannot interleave.
+//
+// Every create under a key hands the resourceVersion of the object it stored to
+// the next holder; Check reads its own resource with ListSince(since), which
+// then includes every object created under the key before.
 type Relations[T runtime.Object] struct {
 	Locker Locker
 	Key    func(T) string
 	// Check gets the resource's own store (for reading siblings) besides the object.
-	Check func(ctx context.Context, self *genericregistry.Store, obj T) (field.ErrorList, error)
+	Check func(ctx context.Context, self *genericregistry.Store, obj T, since string) (field.ErrorList, error)
 }
 
 // Column is one kubectl column shown between NAME and AGE.

@@ -12,9 +12,11 @@ import (
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 )
 
-// Locker serializes the relational checks that must not interleave (see etcd.Locker).
+// Locker serializes the relational checks that must not interleave (see
+// etcd.Locker). Lock returns what the previous holder handed off, and unlock
+// hands off next to the following one ("" keeps the previous handoff).
 type Locker interface {
-	Lock(ctx context.Context, key string) (unlock func(), err error)
+	Lock(ctx context.Context, key string) (handoff string, unlock func(next string), err error)
 }
 
 // GetLatest reads the current state of one object (nil when absent). An empty
@@ -35,9 +37,18 @@ func GetLatest[T any](ctx context.Context, store *genericregistry.Store, namespa
 	return t, nil
 }
 
-// ListLatest lists, consistently, every object matching selector in all namespaces.
-func ListLatest[L any](ctx context.Context, store *genericregistry.Store, selector fields.Selector) (*L, error) {
-	obj, err := store.List(genericapirequest.WithNamespace(ctx, metav1.NamespaceAll), &metainternalversion.ListOptions{FieldSelector: selector})
+// ListSince lists every object matching selector in all namespaces, at least as
+// new as resourceVersion since; with since == "" the list is consistent with etcd.
+// A consistent list from the watch cache waits until the cache proves it has
+// caught up with etcd's latest revision (up to the cacher's progress-request
+// period, 100 ms, when the resource is quiet), whereas "not older than" an object
+// the cache has already seen is served at once.
+func ListSince[L any](ctx context.Context, store *genericregistry.Store, selector fields.Selector, since string) (*L, error) {
+	opts := &metainternalversion.ListOptions{FieldSelector: selector}
+	if since != "" {
+		opts.ResourceVersion, opts.ResourceVersionMatch = since, metav1.ResourceVersionMatchNotOlderThan
+	}
+	obj, err := store.List(genericapirequest.WithNamespace(ctx, metav1.NamespaceAll), opts)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", store.DefaultQualifiedResource, err)
 	}

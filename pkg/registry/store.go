@@ -103,19 +103,30 @@ func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.
 		if errs := k.Validate(t); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
 		}
-		unlock, err := r.Locker.Lock(ctx, r.Key(t))
+		since, unlock, err := r.Locker.Lock(ctx, r.Key(t))
 		if err != nil {
 			return nil, fmt.Errorf("serializing the create of %s %q: %w", k.Singular, objectMeta(obj).GetName(), err)
 		}
-		errs, err := r.Check(ctx, self, t)
+		errs, err := r.Check(ctx, self, t, since)
 		if err == nil && len(errs) > 0 {
 			err = apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
 		}
 		if err != nil {
-			unlock()
+			unlock("")
 			return nil, err
 		}
-		// Held until the object is stored (or the create fails further on).
-		return func(context.Context, bool) { unlock() }, nil
+		// Held until the object is stored (or the create fails further on); a
+		// stored object's resourceVersion is handed to the next holder.
+		return func(ctx context.Context, stored bool) {
+			var next string
+			if stored {
+				// A consistent Get is served by etcd, not the cache. A dry run stored
+				// nothing and finds nothing: the previous handoff stays.
+				if o, err := self.Get(ctx, objectMeta(obj).GetName(), &metav1.GetOptions{}); err == nil {
+					next = objectMeta(o).GetResourceVersion()
+				}
+			}
+			unlock(next)
+		}, nil
 	}
 }

@@ -44,15 +44,15 @@ func TestAggregatedModeNeedsKubeAPIServer(t *testing.T) {
 	if elapsed > 10*time.Second {
 		t.Errorf("mizar-apiserver took %v to give up; it should fail at once", elapsed)
 	}
-	// The message must say what is missing and where it was looked for.
-	for _, want := range []string{"delegated authentication kubeconfig", "in-cluster configuration", "KUBERNETES_SERVICE_HOST"} {
+	// The message must say what is missing, where it was looked for, and the way out.
+	for _, want := range []string{"--authentication-kubeconfig", "--authorization-kubeconfig", "--kubeconfig", "KUBERNETES_SERVICE_HOST", "--standalone"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("mizar-apiserver's error does not mention %q:\n%s", want, out.String())
 		}
 	}
-	// Not standalone: nothing may have written an admin kubeconfig.
-	if _, err := os.Stat(filepath.Join(dir, "data", "kubeconfig")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("aggregated mode wrote a kubeconfig (stat: %v)", err)
+	// The mode is checked before anything starts: no embedded etcd, no kubeconfig.
+	if _, err := os.Stat(filepath.Join(dir, "data")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused start left its data directory behind (stat: %v)", err)
 	}
 	t.Logf("exit status %d after %v; last line: %s", exitErr.ExitCode(), elapsed.Round(time.Millisecond), lastLine(out.String()))
 }

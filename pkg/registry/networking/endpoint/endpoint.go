@@ -54,8 +54,8 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locke
 	k.Relations = &registry.Relations[*networking.Endpoint]{
 		Locker: locker,
 		Key:    func(ep *networking.Endpoint) string { return "endpoints/" + ep.Spec.Subnet },
-		Check: func(ctx context.Context, endpoints *genericregistry.Store, ep *networking.Endpoint) (field.ErrorList, error) {
-			return assignAddress(ctx, subnets, endpoints, ep)
+		Check: func(ctx context.Context, endpoints *genericregistry.Store, ep *networking.Endpoint, since string) (field.ErrorList, error) {
+			return assignAddress(ctx, subnets, endpoints, ep, since)
 		},
 	}
 	return registry.NewREST(&k, scheme, optsGetter)
@@ -63,7 +63,7 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locke
 
 // assignAddress gives an endpoint without an address the lowest free one of its
 // subnet, then checks the address against the subnet and its other endpoints.
-func assignAddress(ctx context.Context, subnets, endpoints *genericregistry.Store, ep *networking.Endpoint) (field.ErrorList, error) {
+func assignAddress(ctx context.Context, subnets, endpoints *genericregistry.Store, ep *networking.Endpoint, since string) (field.ErrorList, error) {
 	subnet, err := registry.GetLatest[networking.Subnet](ctx, subnets, "", ep.Spec.Subnet)
 	if err != nil {
 		return nil, err
@@ -71,7 +71,7 @@ func assignAddress(ctx context.Context, subnets, endpoints *genericregistry.Stor
 	if subnet == nil {
 		return validation.ValidateEndpointRelations(ep, nil, nil), nil
 	}
-	peers, err := registry.ListLatest[networking.EndpointList](ctx, endpoints, fields.OneTermEqualSelector("spec.subnet", ep.Spec.Subnet))
+	peers, err := registry.ListSince[networking.EndpointList](ctx, endpoints, fields.OneTermEqualSelector("spec.subnet", ep.Spec.Subnet), since)
 	if err != nil {
 		return nil, err
 	}

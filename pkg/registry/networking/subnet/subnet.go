@@ -44,20 +44,20 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locke
 	k.Relations = &registry.Relations[*networking.Subnet]{
 		Locker: locker,
 		Key:    func(s *networking.Subnet) string { return "subnets/" + s.Spec.VPC },
-		Check: func(ctx context.Context, subnets *genericregistry.Store, s *networking.Subnet) (field.ErrorList, error) {
-			return checkPlacement(ctx, vpcs, subnets, s)
+		Check: func(ctx context.Context, subnets *genericregistry.Store, s *networking.Subnet, since string) (field.ErrorList, error) {
+			return checkPlacement(ctx, vpcs, subnets, s, since)
 		},
 	}
 	return registry.NewREST(&k, scheme, optsGetter)
 }
 
 // checkPlacement checks that a new subnet fits inside its VPC beside its siblings.
-func checkPlacement(ctx context.Context, vpcs, subnets *genericregistry.Store, s *networking.Subnet) (field.ErrorList, error) {
+func checkPlacement(ctx context.Context, vpcs, subnets *genericregistry.Store, s *networking.Subnet, since string) (field.ErrorList, error) {
 	vpc, err := registry.GetLatest[networking.Vpc](ctx, vpcs, "", s.Spec.VPC)
 	if err != nil {
 		return nil, err
 	}
-	siblings, err := registry.ListLatest[networking.SubnetList](ctx, subnets, fields.OneTermEqualSelector("spec.vpc", s.Spec.VPC))
+	siblings, err := registry.ListSince[networking.SubnetList](ctx, subnets, fields.OneTermEqualSelector("spec.vpc", s.Spec.VPC), since)
 	if err != nil {
 		return nil, err
 	}

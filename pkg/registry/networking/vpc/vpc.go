@@ -55,8 +55,8 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locke
 
 // assignVNI allocates the lowest free VNI to a VPC that asked for one, and checks
 // that a requested VNI is not taken.
-func assignVNI(ctx context.Context, vpcStore *genericregistry.Store, vpc *networking.Vpc) (field.ErrorList, error) {
-	vpcs, err := registry.ListLatest[networking.VpcList](ctx, vpcStore, fields.Everything())
+func assignVNI(ctx context.Context, vpcStore *genericregistry.Store, vpc *networking.Vpc, since string) (field.ErrorList, error) {
+	vpcs, err := registry.ListSince[networking.VpcList](ctx, vpcStore, fields.Everything(), since)
 	if err != nil {
 		return nil, err
 	}
