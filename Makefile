@@ -49,7 +49,8 @@ verify-codegen:
 
 bench: bench-apiserver bench-dataplane
 
+# The in-process server's klog lines are filtered out so the benchmark lines stand alone.
 bench-apiserver:
-	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 2000x
+	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 10s -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} '
 
 include hack/dataplane.mk
