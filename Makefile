@@ -1,6 +1,10 @@
 # mizar: `make up` brings a standalone mizar-apiserver up and shows it working;
 # `make test` runs every test (root is needed for the dataplane's BPF and netns tests).
 
+# bash with pipefail, so a failing command piped through a filter still fails the target.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 GO ?= go
 BIN := _output/bin
 export MIZAR_APISERVER := $(abspath $(BIN)/mizar-apiserver)
