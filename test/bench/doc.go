@@ -17,7 +17,7 @@
 // spends its time: it runs in the benchmark's process.
 //
 // MIZAR_BENCH_FLAGS adds server flags, to compare configurations in one way of
-// running, e.g. MIZAR_BENCH_FLAGS=--feature-gates=ConsistentListFromCache=false.
+// running, e.g. MIZAR_BENCH_FLAGS=--watch-cache=false.
 //
 // Metrics (per sub-benchmark):
 //
