@@ -7,6 +7,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 MODULE=mizar.dev
 BOILERPLATE="$ROOT/hack/boilerplate.go.txt"
+# Downloaded first: on a cold module cache `go list -m` knows no directory for it.
+go mod download k8s.io/code-generator
 CODEGEN_PKG=$(go list -m -f '{{.Dir}}' k8s.io/code-generator)
 # The generators are installed from the pinned module into a project-local bin,
 # so they never drift with whatever is on PATH.
