@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -91,8 +92,9 @@ func (s *statusStrategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old 
 	m.SetGeneration(om.GetGeneration())
 }
 
-func (s *statusStrategy[T, S, St]) ValidateUpdate(_ context.Context, obj, _ runtime.Object) field.ErrorList {
-	return s.kind.ValidateStatus(must[T](obj))
+func (s *statusStrategy[T, S, St]) ValidateUpdate(_ context.Context, obj, old runtime.Object) field.ErrorList {
+	errs := apimachineryvalidation.ValidateObjectMetaUpdate(objectMeta(obj), objectMeta(old), field.NewPath("metadata"))
+	return append(errs, s.kind.ValidateStatus(must[T](obj))...)
 }
 
 func (s *statusStrategy[T, S, St]) WarningsOnUpdate(context.Context, runtime.Object, runtime.Object) []string {

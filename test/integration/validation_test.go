@@ -170,6 +170,7 @@ func TestValidation(t *testing.T) {
 
 		updateCase("status phase unknown", "status.phase", "val-vpc", func(o *v1.Vpc) { o.Status.Phase = "Running" }, vpcs.UpdateStatus, vpcs.Get),
 		updateCase("status observedGeneration ahead", "status.observedGeneration", "val-net", func(o *v1.Subnet) { o.Status.ObservedGeneration = 5 }, subnets.UpdateStatus, subnets.Get),
+		updateCase("status with a bad finalizer", "metadata.finalizers", "val-bnc", func(o *v1.Bouncer) { o.Finalizers = []string{"no slash"} }, bouncers.UpdateStatus, bouncers.Get),
 		updateCase("status condition status", "status.conditions[0].status", "val-drop", func(o *v1.Droplet) {
 			o.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: "Maybe", Reason: "Test", LastTransitionTime: metav1.Now()}}
 		}, droplets.UpdateStatus, droplets.Get),
