@@ -11,7 +11,6 @@ import (
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -44,9 +43,9 @@ type Kind[T runtime.Object, S, St any] struct {
 	// Relations, when set, checks a new object against other stored objects.
 	Relations *Relations[T]
 
-	// SelectableFields are the field selectors clients may use beyond metadata.name
+	// Fields are the field selectors clients may use beyond metadata.name
 	// and metadata.namespace.
-	SelectableFields func(T) fields.Set
+	Fields map[string]func(T) string
 	// IndexedFields are selectable fields the watch cache indexes for lists; the
 	// first one also routes watch events, so per-node watchers cost O(their objects).
 	IndexedFields []string

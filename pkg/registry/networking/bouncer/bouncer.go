@@ -2,7 +2,6 @@
 package bouncer
 
 import (
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/registry/generic"
 
@@ -21,8 +20,9 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Bouncer, networking.Bouncer
 	Status:         func(o *networking.Bouncer) *networking.BouncerStatus { return &o.Status },
 	Validate:       validation.ValidateBouncer,
 	ValidateUpdate: validation.ValidateBouncerUpdate,
-	SelectableFields: func(o *networking.Bouncer) fields.Set {
-		return fields.Set{"spec.subnet": o.Spec.Subnet, "spec.droplet": o.Spec.Droplet}
+	Fields: map[string]func(*networking.Bouncer) string{
+		"spec.subnet":  func(o *networking.Bouncer) string { return o.Spec.Subnet },
+		"spec.droplet": func(o *networking.Bouncer) string { return o.Spec.Droplet },
 	},
 	// Node agents watch spec.droplet=<their droplet>: it routes watch events.
 	IndexedFields: []string{"spec.droplet", "spec.subnet"},

@@ -2,7 +2,6 @@
 package divider
 
 import (
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/registry/generic"
 
@@ -21,8 +20,9 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Divider, networking.Divider
 	Status:         func(o *networking.Divider) *networking.DividerStatus { return &o.Status },
 	Validate:       validation.ValidateDivider,
 	ValidateUpdate: validation.ValidateDividerUpdate,
-	SelectableFields: func(o *networking.Divider) fields.Set {
-		return fields.Set{"spec.vpc": o.Spec.VPC, "spec.droplet": o.Spec.Droplet}
+	Fields: map[string]func(*networking.Divider) string{
+		"spec.vpc":     func(o *networking.Divider) string { return o.Spec.VPC },
+		"spec.droplet": func(o *networking.Divider) string { return o.Spec.Droplet },
 	},
 	// Node agents watch spec.droplet=<their droplet>: it routes watch events.
 	IndexedFields: []string{"spec.droplet", "spec.vpc"},

@@ -2,7 +2,6 @@
 package droplet
 
 import (
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/registry/generic"
 
@@ -13,17 +12,17 @@ import (
 )
 
 var kind = lifecycle.Apply(registry.Kind[*networking.Droplet, networking.DropletSpec, networking.DropletStatus]{
-	Resource:         networking.Resource("droplets"),
-	Singular:         "droplet",
-	New:              func() *networking.Droplet { return &networking.Droplet{} },
-	NewList:          func() runtime.Object { return &networking.DropletList{} },
-	Spec:             func(o *networking.Droplet) *networking.DropletSpec { return &o.Spec },
-	Status:           func(o *networking.Droplet) *networking.DropletStatus { return &o.Status },
-	Validate:         validation.ValidateDroplet,
-	ValidateUpdate:   validation.ValidateDropletUpdate,
-	SelectableFields: func(o *networking.Droplet) fields.Set { return fields.Set{"spec.node": o.Spec.Node} },
-	IndexedFields:    []string{"spec.node"},
-	ShortNames:       []string{"mdrop"},
+	Resource:       networking.Resource("droplets"),
+	Singular:       "droplet",
+	New:            func() *networking.Droplet { return &networking.Droplet{} },
+	NewList:        func() runtime.Object { return &networking.DropletList{} },
+	Spec:           func(o *networking.Droplet) *networking.DropletSpec { return &o.Spec },
+	Status:         func(o *networking.Droplet) *networking.DropletStatus { return &o.Status },
+	Validate:       validation.ValidateDroplet,
+	ValidateUpdate: validation.ValidateDropletUpdate,
+	Fields:         map[string]func(*networking.Droplet) string{"spec.node": func(o *networking.Droplet) string { return o.Spec.Node }},
+	IndexedFields:  []string{"spec.node"},
+	ShortNames:     []string{"mdrop"},
 	Columns: []registry.Column[*networking.Droplet]{
 		{Name: "Node", Type: "string", Description: "The Kubernetes node.", Value: func(o *networking.Droplet) any { return o.Spec.Node }},
 		{Name: "IP", Type: "string", Description: "The underlay address.", Value: func(o *networking.Droplet) any { return o.Spec.IP }},

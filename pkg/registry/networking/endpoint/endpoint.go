@@ -30,8 +30,10 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Endpoint, networking.Endpoi
 	Status:         func(o *networking.Endpoint) *networking.EndpointStatus { return &o.Status },
 	Validate:       validation.ValidateEndpoint,
 	ValidateUpdate: validation.ValidateEndpointUpdate,
-	SelectableFields: func(o *networking.Endpoint) fields.Set {
-		return fields.Set{"spec.subnet": o.Spec.Subnet, "spec.droplet": o.Spec.Droplet, "spec.pod": o.Spec.Pod}
+	Fields: map[string]func(*networking.Endpoint) string{
+		"spec.subnet":  func(o *networking.Endpoint) string { return o.Spec.Subnet },
+		"spec.droplet": func(o *networking.Endpoint) string { return o.Spec.Droplet },
+		"spec.pod":     func(o *networking.Endpoint) string { return o.Spec.Pod },
 	},
 	// Node agents watch spec.droplet=<their droplet>, bouncer hosts spec.subnet=<s>.
 	IndexedFields: []string{"spec.droplet", "spec.subnet"},

@@ -5,10 +5,10 @@ package lifecycle
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -30,15 +30,9 @@ func Apply[T runtime.Object, S, St any](k registry.Kind[T, S, St], status func(T
 		}
 		return validation.ValidateProvisioningStatus(status(obj), generation)
 	}
-	own := k.SelectableFields
-	k.SelectableFields = func(obj T) fields.Set {
-		set := fields.Set{"status.phase": string(status(obj).Phase)}
-		for f, v := range own(obj) {
-			set[f] = v
-		}
-		return set
-	}
-	mustMatchVersion(k.New(), k.SelectableFields(k.New()))
+	k.Fields = maps.Clone(k.Fields)
+	k.Fields["status.phase"] = func(obj T) string { return string(status(obj).Phase) }
+	mustMatchVersion(k.New(), k.Fields)
 	k.Columns = append(k.Columns, registry.Column[T]{
 		Name: "Phase", Type: "string", Description: "Lifecycle phase: Init, Provisioned, Terminating or Failed.",
 		Value: func(obj T) any { return string(status(obj).Phase) },
@@ -49,10 +43,10 @@ func Apply[T runtime.Object, S, St any](k registry.Kind[T, S, St], status func(T
 // mustMatchVersion fails the program's start if the fields the registry can
 // select on differ from those v1alpha1 accepts: a label the version accepts but
 // the registry lacks would silently match nothing.
-func mustMatchVersion(obj runtime.Object, set fields.Set) {
+func mustMatchVersion[T any](obj runtime.Object, fields map[string]func(T) string) {
 	kind := reflect.TypeOf(obj).Elem().Name()
 	want := sets.New(v1alpha1.SelectableFields[kind]...)
-	if got := sets.KeySet(set); !got.Equal(want) {
+	if got := sets.KeySet(fields); !got.Equal(want) {
 		panic(fmt.Sprintf("registry fields of %s %v differ from v1alpha1.SelectableFields %v", kind, sets.List(got), sets.List(want)))
 	}
 }

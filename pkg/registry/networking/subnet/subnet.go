@@ -17,17 +17,17 @@ import (
 )
 
 var kind = lifecycle.Apply(registry.Kind[*networking.Subnet, networking.SubnetSpec, networking.SubnetStatus]{
-	Resource:         networking.Resource("subnets"),
-	Singular:         "subnet",
-	New:              func() *networking.Subnet { return &networking.Subnet{} },
-	NewList:          func() runtime.Object { return &networking.SubnetList{} },
-	Spec:             func(o *networking.Subnet) *networking.SubnetSpec { return &o.Spec },
-	Status:           func(o *networking.Subnet) *networking.SubnetStatus { return &o.Status },
-	Validate:         validation.ValidateSubnet,
-	ValidateUpdate:   validation.ValidateSubnetUpdate,
-	SelectableFields: func(o *networking.Subnet) fields.Set { return fields.Set{"spec.vpc": o.Spec.VPC} },
-	IndexedFields:    []string{"spec.vpc"},
-	ShortNames:       []string{"msn"},
+	Resource:       networking.Resource("subnets"),
+	Singular:       "subnet",
+	New:            func() *networking.Subnet { return &networking.Subnet{} },
+	NewList:        func() runtime.Object { return &networking.SubnetList{} },
+	Spec:           func(o *networking.Subnet) *networking.SubnetSpec { return &o.Spec },
+	Status:         func(o *networking.Subnet) *networking.SubnetStatus { return &o.Status },
+	Validate:       validation.ValidateSubnet,
+	ValidateUpdate: validation.ValidateSubnetUpdate,
+	Fields:         map[string]func(*networking.Subnet) string{"spec.vpc": func(o *networking.Subnet) string { return o.Spec.VPC }},
+	IndexedFields:  []string{"spec.vpc"},
+	ShortNames:     []string{"msn"},
 	Columns: []registry.Column[*networking.Subnet]{
 		{Name: "VPC", Type: "string", Description: "The VPC the subnet belongs to.", Value: func(o *networking.Subnet) any { return o.Spec.VPC }},
 		{Name: "CIDR", Type: "string", Description: "The subnet's address range.", Value: func(o *networking.Subnet) any { return o.Spec.CIDR }},

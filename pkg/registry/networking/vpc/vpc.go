@@ -29,8 +29,8 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Vpc, networking.VpcSpec, ne
 	Status:         func(o *networking.Vpc) *networking.VpcStatus { return &o.Status },
 	Validate:       validation.ValidateVpc,
 	ValidateUpdate: validation.ValidateVpcUpdate,
-	SelectableFields: func(o *networking.Vpc) fields.Set {
-		return fields.Set{"spec.vni": strconv.Itoa(int(o.Spec.VNI))}
+	Fields: map[string]func(*networking.Vpc) string{
+		"spec.vni": func(o *networking.Vpc) string { return strconv.Itoa(int(o.Spec.VNI)) },
 	},
 	IndexedFields: []string{"spec.vni"},
 	ShortNames:    []string{"mvpc"},
