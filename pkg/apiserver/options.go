@@ -23,12 +23,12 @@ import (
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
 )
 
 const (
 	etcdPrefix     = "/registry/mizar"
-	lockPrefix     = "/mizar/locks/"
 	defaultPort    = 8443
 	kubeconfigName = "kubeconfig"
 )
@@ -120,8 +120,8 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanups = append(cleanups, func() { _ = client.Close() })
-	locker := etcd.NewLocker(client, lockPrefix)
-	cleanups = append(cleanups, func() { _ = locker.Close() })
+	// Claims live beside the objects, under the same --etcd-prefix.
+	claims := claim.NewStore(client, strings.TrimSuffix(o.Recommended.Etcd.StorageConfig.Prefix, "/")+"/claims/")
 
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
@@ -134,7 +134,7 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	server, err := (&Config{Generic: cfg, Locker: locker}).New()
+	server, err := (&Config{Generic: cfg, Claims: claims}).New()
 	if err != nil {
 		return err
 	}

@@ -5,10 +5,12 @@ package apiserver
 
 import (
 	"fmt"
+	"time"
 
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
+	"mizar.dev/pkg/claim"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/registry"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
@@ -17,9 +19,13 @@ import (
 // Config is everything New needs.
 type Config struct {
 	Generic *genericapiserver.RecommendedConfig
-	// Locker serializes creates whose validity depends on other objects.
-	Locker registry.Locker
+	// Claims keeps the values no two objects may share (VNIs, addresses, ...).
+	Claims *claim.Store
 }
+
+// claimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
+// repairs its service IP and port allocations.
+const claimRepairPeriod = 3 * time.Minute
 
 // Server is a mizar-apiserver ready to run.
 type Server struct {
@@ -46,11 +52,15 @@ func (c *Config) New() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)
 	}
-	networking, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Locker: c.Locker}.
+	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims}.
 		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
 	}
+	generic.AddPostStartHookOrDie("mizar-repair-claims", func(ctx genericapiserver.PostStartHookContext) error {
+		go registry.RepairLoop(ctx, repairers, claimRepairPeriod)
+		return nil
+	})
 	if err := generic.InstallAPIGroups(networking); err != nil {
 		return nil, fmt.Errorf("installing API groups: %w", err)
 	}

@@ -1,6 +1,6 @@
 // Package etcd is mizar's own etcd: the single member a standalone server embeds,
 // the client the server's own components use beside the apiserver storage, and
-// per-key locks that keep cross-object invariants true across server replicas.
+// the etcd client behind claims (package claim).
 package etcd
 
 import (

@@ -6,7 +6,6 @@
 package registry
 
 import (
-	"context"
 	"fmt"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -14,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 )
 
 // Kind describes one resource. T is the internal object type (a pointer), S its
@@ -40,8 +38,9 @@ type Kind[T runtime.Object, S, St any] struct {
 	ValidateUpdate func(obj, old T) field.ErrorList
 	ValidateStatus func(obj T) field.ErrorList
 
-	// Relations, when set, checks a new object against other stored objects.
-	Relations *Relations[T]
+	// Claims, when set, reserves the values the kind's objects must not share
+	// and checks a new object against the objects it depends on.
+	Claims *Claims[T]
 
 	// Fields are the field selectors clients may use beyond metadata.name
 	// and metadata.namespace.
@@ -52,21 +51,6 @@ type Kind[T runtime.Object, S, St any] struct {
 
 	ShortNames []string
 	Columns    []Column[T]
-}
-
-// Relations checks a new object against the objects it depends on and may fill
-// in allocated fields. Check runs only for statically valid objects and holds
-// Locker's key for the object from before its reads until the object is stored,
-// so two creates whose checks read the same objects cannot interleave.
-//
-// Every create under a key hands the resourceVersion of the object it stored to
-// the next holder; Check reads its own resource with ListSince(since), which
-// then includes every object created under the key before.
-type Relations[T runtime.Object] struct {
-	Locker Locker
-	Key    func(T) string
-	// Check gets the resource's own store (for reading siblings) besides the object.
-	Check func(ctx context.Context, self *genericregistry.Store, obj T, since string) (field.ErrorList, error)
 }
 
 // Column is one kubectl column shown between NAME and AGE.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -19,6 +18,16 @@ import (
 type REST struct {
 	*genericregistry.Store
 	shortNames []string
+	repair     func(ctx context.Context) (int, error)
+}
+
+// Repair drops the kind's orphaned claims (see Kind.Claims) and says how many;
+// kinds without claims have nothing to repair.
+func (r *REST) Repair(ctx context.Context) (int, error) {
+	if r.repair == nil {
+		return 0, nil
+	}
+	return r.repair(ctx)
 }
 
 var (
@@ -71,13 +80,21 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s is not in the scheme: %w", k.Resource, err)
 	}
-	if k.Relations != nil {
-		store.BeginCreate = k.beginCreate(gvks[0].GroupKind(), store)
+	attempts := &createAttempts{}
+	if k.Claims != nil {
+		store.BeginCreate = k.beginCreate(gvks[0].GroupKind(), store, attempts)
+		store.BeginUpdate = k.beginUpdate(store)
 	}
 	trigger, indexers := k.indexers()
 	opts := &generic.StoreOptions{RESTOptions: optsGetter, AttrFunc: k.getAttrs, TriggerFunc: trigger, Indexers: indexers}
 	if err := store.CompleteWithOptions(opts); err != nil {
 		return nil, nil, fmt.Errorf("building %s storage: %w", k.Resource, err)
+	}
+
+	rest := &REST{Store: store, shortNames: k.ShortNames}
+	if k.Claims != nil {
+		store.Storage.Storage = &claimingStorage[T]{Interface: store.Storage.Storage, attempts: attempts, claims: k.Claims}
+		rest.repair = func(ctx context.Context) (int, error) { return k.repair(ctx, store) }
 	}
 
 	status := s.statusStrategy()
@@ -86,47 +103,9 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 	statusStore.DeleteStrategy = nil
 	statusStore.UpdateStrategy = status
 	statusStore.ResetFieldsStrategy = status
-	return &REST{Store: store, shortNames: k.ShortNames}, &StatusREST{store: &statusStore}, nil
+	return rest, &StatusREST{store: &statusStore}, nil
 }
 
 func (s *strategy[T, S, St]) statusStrategy() *statusStrategy[T, S, St] {
 	return &statusStrategy[T, S, St]{strategy: s}
-}
-
-// beginCreate runs the relational checks of a create. The store calls it before
-// the strategy's own validation, so static validation runs here first: only a
-// well-formed object may take a lock, and a bad one gets every static error at once.
-func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.Store) genericregistry.BeginCreateFunc {
-	r := k.Relations
-	return func(ctx context.Context, obj runtime.Object, _ *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
-		t := must[T](obj)
-		if errs := k.Validate(t); len(errs) > 0 {
-			return nil, apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
-		}
-		since, unlock, err := r.Locker.Lock(ctx, r.Key(t))
-		if err != nil {
-			return nil, fmt.Errorf("serializing the create of %s %q: %w", k.Singular, objectMeta(obj).GetName(), err)
-		}
-		errs, err := r.Check(ctx, self, t, since)
-		if err == nil && len(errs) > 0 {
-			err = apierrors.NewInvalid(gk, objectMeta(obj).GetName(), errs)
-		}
-		if err != nil {
-			unlock("")
-			return nil, err
-		}
-		// Held until the object is stored (or the create fails further on); a
-		// stored object's resourceVersion is handed to the next holder.
-		return func(ctx context.Context, stored bool) {
-			var next string
-			if stored {
-				// A consistent Get is served by etcd, not the cache. A dry run stored
-				// nothing and finds nothing: the previous handoff stays.
-				if o, err := self.Get(ctx, objectMeta(obj).GetName(), &metav1.GetOptions{}); err == nil {
-					next = objectMeta(o).GetResourceVersion()
-				}
-			}
-			unlock(next)
-		}, nil
-	}
 }

@@ -61,16 +61,6 @@ func ValidateVpcUpdate(vpc, old *networking.Vpc) field.ErrorList {
 	return errs
 }
 
-// ValidateVpcRelations checks a new VPC against the VPCs already stored: VNIs are unique.
-func ValidateVpcRelations(vpc *networking.Vpc, others []networking.Vpc) field.ErrorList {
-	for i := range others {
-		if o := &others[i]; o.Name != vpc.Name && o.Spec.VNI == vpc.Spec.VNI {
-			return field.ErrorList{duplicate(specPath.Child("vni"), vpc.Spec.VNI, "already used by VPC "+o.Name)}
-		}
-	}
-	return nil
-}
-
 // ValidateSubnet validates a subnet on create.
 func ValidateSubnet(s *networking.Subnet) field.ErrorList {
 	errs := validateMeta(&s.ObjectMeta, false)
@@ -104,8 +94,9 @@ func ValidateSubnetUpdate(s, old *networking.Subnet) field.ErrorList {
 }
 
 // ValidateSubnetRelations checks a new, statically valid subnet against its VPC
-// (nil when it does not exist) and the VPC's other subnets.
-func ValidateSubnetRelations(s *networking.Subnet, vpc *networking.Vpc, siblings []networking.Subnet) field.ErrorList {
+// (nil when it does not exist). Overlap with the VPC's other subnets is checked
+// by the claim of its range, in the registry.
+func ValidateSubnetRelations(s *networking.Subnet, vpc *networking.Vpc) field.ErrorList {
 	if vpc == nil {
 		return field.ErrorList{field.NotFound(specPath.Child("vpc"), s.Spec.VPC)}
 	}
@@ -117,15 +108,6 @@ func ValidateSubnetRelations(s *networking.Subnet, vpc *networking.Vpc, siblings
 	vpcPrefix := netip.MustParsePrefix(vpc.Spec.CIDR)
 	if prefix.Bits() < vpcPrefix.Bits() || !vpcPrefix.Contains(prefix.Addr()) {
 		return field.ErrorList{field.Invalid(cidrPath, s.Spec.CIDR, fmt.Sprintf("must lie inside VPC %s's cidr %s", vpc.Name, vpc.Spec.CIDR))}
-	}
-	for i := range siblings {
-		o := &siblings[i]
-		if o.Name == s.Name || o.Spec.VPC != s.Spec.VPC {
-			continue
-		}
-		if other, err := netip.ParsePrefix(o.Spec.CIDR); err == nil && other.Overlaps(prefix) {
-			return field.ErrorList{field.Invalid(cidrPath, s.Spec.CIDR, fmt.Sprintf("overlaps subnet %s (%s) of VPC %s", o.Name, o.Spec.CIDR, vpc.Name))}
-		}
 	}
 	return nil
 }
@@ -186,16 +168,21 @@ func ValidateEndpointUpdate(ep, old *networking.Endpoint) field.ErrorList {
 	return errs
 }
 
-// ValidateEndpointRelations checks a new endpoint, whose address is already
-// allocated or requested, against its subnet (nil when missing) and the subnet's
-// other endpoints.
-func ValidateEndpointRelations(ep *networking.Endpoint, subnet *networking.Subnet, peers []networking.Endpoint) field.ErrorList {
+// ValidateEndpointSubnet checks that a new endpoint's subnet (nil when missing)
+// can take endpoints.
+func ValidateEndpointSubnet(ep *networking.Endpoint, subnet *networking.Subnet) field.ErrorList {
 	if subnet == nil {
 		return field.ErrorList{field.NotFound(specPath.Child("subnet"), ep.Spec.Subnet)}
 	}
 	if subnet.DeletionTimestamp != nil {
 		return field.ErrorList{field.Forbidden(specPath.Child("subnet"), fmt.Sprintf("subnet %s is being deleted", subnet.Name))}
 	}
+	return nil
+}
+
+// ValidateEndpointAddress checks a requested address against the endpoint's
+// subnet. Uniqueness is the claim of the address, in the registry.
+func ValidateEndpointAddress(ep *networking.Endpoint, subnet *networking.Subnet) field.ErrorList {
 	ipPath := specPath.Child("ip")
 	addr := netip.MustParseAddr(ep.Spec.IP)
 	if msg := hostAddressProblem(addr, netip.MustParsePrefix(subnet.Spec.CIDR)); msg != "" {
@@ -203,12 +190,6 @@ func ValidateEndpointRelations(ep *networking.Endpoint, subnet *networking.Subne
 	}
 	if ep.Spec.IP == subnet.Spec.Gateway {
 		return field.ErrorList{field.Invalid(ipPath, ep.Spec.IP, fmt.Sprintf("is the gateway of subnet %s", subnet.Name))}
-	}
-	for i := range peers {
-		p := &peers[i]
-		if p.Spec.IP == ep.Spec.IP && p.Spec.Subnet == ep.Spec.Subnet && !(p.Namespace == ep.Namespace && p.Name == ep.Name) {
-			return field.ErrorList{duplicate(ipPath, ep.Spec.IP, fmt.Sprintf("already used by endpoint %s/%s", p.Namespace, p.Name))}
-		}
 	}
 	return nil
 }
@@ -248,13 +229,6 @@ func ValidateProvisioningStatus(st *networking.ProvisioningStatus, generation in
 
 func validateMeta(meta *metav1.ObjectMeta, namespaced bool) field.ErrorList {
 	return apimachineryvalidation.ValidateObjectMeta(meta, namespaced, apimachineryvalidation.NameIsDNSSubdomain, metaPath)
-}
-
-// duplicate is field.Duplicate that also names the holder of the value.
-func duplicate(path *field.Path, value any, holder string) *field.Error {
-	e := field.Duplicate(path, value)
-	e.Detail = holder
-	return e
 }
 
 // validateReference checks the name of a referenced object.

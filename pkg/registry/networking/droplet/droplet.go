@@ -2,11 +2,15 @@
 package droplet
 
 import (
+	"context"
+
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 	"mizar.dev/pkg/registry/networking/lifecycle"
 )
@@ -32,6 +36,22 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Droplet, networking.Droplet
 }, func(o *networking.Droplet) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
 
 // NewREST returns the storage of droplets and droplets/status.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error) {
-	return registry.NewREST(kind, scheme, optsGetter)
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store) (*registry.REST, *registry.StatusREST, error) {
+	k := *kind
+	k.Claims = &registry.Claims[*networking.Droplet]{
+		Store:    store,
+		Keys:     keys,
+		Prefixes: []string{addressPrefix},
+		Reserve: func(ctx context.Context, r *registry.Reserver[*networking.Droplet], d *networking.Droplet) (field.ErrorList, error) {
+			return r.ClaimKeys(ctx, keys(d)...)
+		},
+	}
+	return registry.NewREST(&k, scheme, optsGetter)
+}
+
+// Two droplets never share an underlay address: each claims droplet-ip/<ip>.
+const addressPrefix = "droplet-ip/"
+
+func keys(d *networking.Droplet) []registry.Key {
+	return []registry.Key{{Key: addressPrefix + d.Spec.IP, Path: field.NewPath("spec", "ip"), Value: d.Spec.IP}}
 }

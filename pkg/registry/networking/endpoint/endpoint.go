@@ -2,20 +2,13 @@
 package endpoint
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net/netip"
-
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/validation"
-	"mizar.dev/pkg/ipam"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 	"mizar.dev/pkg/registry/networking/lifecycle"
 )
@@ -50,51 +43,9 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Endpoint, networking.Endpoi
 }, func(o *networking.Endpoint) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
 
 // NewREST returns the storage of endpoints and endpoints/status. Addresses are
-// allocated and checked for uniqueness under the subnet's lock.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker, subnets *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
+// allocated and kept unique through claims (see claims.go).
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store, subnets *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	k.Relations = &registry.Relations[*networking.Endpoint]{
-		Locker: locker,
-		Key:    func(ep *networking.Endpoint) string { return "endpoints/" + ep.Spec.Subnet },
-		Check: func(ctx context.Context, endpoints *genericregistry.Store, ep *networking.Endpoint, since string) (field.ErrorList, error) {
-			return assignAddress(ctx, subnets, endpoints, ep, since)
-		},
-	}
+	k.Claims = claims(store, subnets)
 	return registry.NewREST(&k, scheme, optsGetter)
-}
-
-// assignAddress gives an endpoint without an address the lowest free one of its
-// subnet, then checks the address against the subnet and its other endpoints.
-func assignAddress(ctx context.Context, subnets, endpoints *genericregistry.Store, ep *networking.Endpoint, since string) (field.ErrorList, error) {
-	subnet, err := registry.GetLatest[networking.Subnet](ctx, subnets, "", ep.Spec.Subnet)
-	if err != nil {
-		return nil, err
-	}
-	if subnet == nil {
-		return validation.ValidateEndpointRelations(ep, nil, nil), nil
-	}
-	peers, err := registry.ListSince[networking.EndpointList](ctx, endpoints, fields.OneTermEqualSelector("spec.subnet", ep.Spec.Subnet), since)
-	if err != nil {
-		return nil, err
-	}
-	if ep.Spec.IP == "" {
-		used := map[netip.Addr]bool{}
-		if gw, err := netip.ParseAddr(subnet.Spec.Gateway); err == nil {
-			used[gw] = true
-		}
-		for i := range peers.Items {
-			if a, err := netip.ParseAddr(peers.Items[i].Spec.IP); err == nil {
-				used[a] = true
-			}
-		}
-		addr, err := ipam.FirstFreeHost(netip.MustParsePrefix(subnet.Spec.CIDR), used)
-		if errors.Is(err, ipam.ErrExhausted) {
-			return field.ErrorList{field.Forbidden(field.NewPath("spec", "ip"), fmt.Sprintf("subnet %s (%s) has no free address", subnet.Name, subnet.Spec.CIDR))}, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("allocating an address in subnet %s: %w", subnet.Name, err)
-		}
-		ep.Spec.IP = addr.String()
-	}
-	return validation.ValidateEndpointRelations(ep, subnet, peers.Items), nil
 }

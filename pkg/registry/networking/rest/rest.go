@@ -14,6 +14,7 @@ import (
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 	"mizar.dev/pkg/registry/networking/bouncer"
 	"mizar.dev/pkg/registry/networking/divider"
@@ -27,45 +28,52 @@ import (
 type StorageProvider struct {
 	Scheme *runtime.Scheme
 	Codecs serializer.CodecFactory
-	// Locker serializes creates whose validity depends on other objects.
-	Locker registry.Locker
+	// Claims keeps the values no two objects may share.
+	Claims *claim.Store
 }
 
-// NewAPIGroupInfo returns the group with storage for every resource and /status.
-func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (*genericapiserver.APIGroupInfo, error) {
+// NewAPIGroupInfo returns the group with storage for every resource and /status,
+// and the stores whose orphaned claims registry.RepairLoop looks for.
+func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (*genericapiserver.APIGroupInfo, []registry.Repairer, error) {
 	info := genericapiserver.NewDefaultAPIGroupInfo(networking.GroupName, p.Scheme, metav1.ParameterCodec, p.Codecs)
 	storage := map[string]rest.Storage{}
+	var repairers []registry.Repairer
 	add := func(resource string, main *registry.REST, status *registry.StatusREST) {
 		storage[resource] = main
 		storage[resource+"/status"] = status
+		repairers = append(repairers, main)
 	}
 
-	vpcs, vpcStatus, err := vpc.NewREST(p.Scheme, optsGetter, p.Locker)
+	vpcs, vpcStatus, err := vpc.NewREST(p.Scheme, optsGetter, p.Claims)
 	if err != nil {
-		return nil, fmt.Errorf("vpcs: %w", err)
+		return nil, nil, fmt.Errorf("vpcs: %w", err)
 	}
 	add("vpcs", vpcs, vpcStatus)
-	subnets, subnetStatus, err := subnet.NewREST(p.Scheme, optsGetter, p.Locker, vpcs.Store)
+	subnets, subnetStatus, err := subnet.NewREST(p.Scheme, optsGetter, p.Claims, vpcs.Store)
 	if err != nil {
-		return nil, fmt.Errorf("subnets: %w", err)
+		return nil, nil, fmt.Errorf("subnets: %w", err)
 	}
 	add("subnets", subnets, subnetStatus)
-	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Locker, subnets.Store)
+	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Claims, subnets.Store)
 	if err != nil {
-		return nil, fmt.Errorf("endpoints: %w", err)
+		return nil, nil, fmt.Errorf("endpoints: %w", err)
 	}
 	add("endpoints", endpoints, endpointStatus)
+	droplets, dropletStatus, err := droplet.NewREST(p.Scheme, optsGetter, p.Claims)
+	if err != nil {
+		return nil, nil, fmt.Errorf("droplets: %w", err)
+	}
+	add("droplets", droplets, dropletStatus)
 	for resource, newREST := range map[string]func(*runtime.Scheme, generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error){
 		"dividers": divider.NewREST,
 		"bouncers": bouncer.NewREST,
-		"droplets": droplet.NewREST,
 	} {
 		main, status, err := newREST(p.Scheme, optsGetter)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", resource, err)
+			return nil, nil, fmt.Errorf("%s: %w", resource, err)
 		}
 		add(resource, main, status)
 	}
 	info.VersionedResourcesStorageMap[v1alpha1.SchemeGroupVersion.Version] = storage
-	return &info, nil
+	return &info, repairers, nil
 }

@@ -2,16 +2,13 @@
 package subnet
 
 import (
-	"context"
-
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/validation"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 	"mizar.dev/pkg/registry/networking/lifecycle"
 )
@@ -36,30 +33,11 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Subnet, networking.SubnetSp
 	},
 }, func(o *networking.Subnet) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
 
-// NewREST returns the storage of subnets and subnets/status. A new subnet is
-// checked against its VPC and siblings under the VPC's lock, so two overlapping
-// subnets created at once cannot both be stored.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker, vpcs *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
+// NewREST returns the storage of subnets and subnets/status. A new subnet
+// claims its range in its VPC (see claims.go), so two overlapping subnets
+// created at once cannot both be stored.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store, vpcs *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	k.Relations = &registry.Relations[*networking.Subnet]{
-		Locker: locker,
-		Key:    func(s *networking.Subnet) string { return "subnets/" + s.Spec.VPC },
-		Check: func(ctx context.Context, subnets *genericregistry.Store, s *networking.Subnet, since string) (field.ErrorList, error) {
-			return checkPlacement(ctx, vpcs, subnets, s, since)
-		},
-	}
+	k.Claims = claims(store, vpcs)
 	return registry.NewREST(&k, scheme, optsGetter)
-}
-
-// checkPlacement checks that a new subnet fits inside its VPC beside its siblings.
-func checkPlacement(ctx context.Context, vpcs, subnets *genericregistry.Store, s *networking.Subnet, since string) (field.ErrorList, error) {
-	vpc, err := registry.GetLatest[networking.Vpc](ctx, vpcs, "", s.Spec.VPC)
-	if err != nil {
-		return nil, err
-	}
-	siblings, err := registry.ListSince[networking.SubnetList](ctx, subnets, fields.OneTermEqualSelector("spec.vpc", s.Spec.VPC), since)
-	if err != nil {
-		return nil, err
-	}
-	return validation.ValidateSubnetRelations(s, vpc, siblings.Items), nil
 }

@@ -2,20 +2,14 @@
 package vpc
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"strconv"
 
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
-	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 
 	"mizar.dev/pkg/apis/networking"
 	"mizar.dev/pkg/apis/networking/validation"
-	"mizar.dev/pkg/ipam"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 	"mizar.dev/pkg/registry/networking/lifecycle"
 )
@@ -42,37 +36,9 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Vpc, networking.VpcSpec, ne
 }, func(o *networking.Vpc) *networking.ProvisioningStatus { return &o.Status.ProvisioningStatus })
 
 // NewREST returns the storage of vpcs and vpcs/status. VNIs are allocated and
-// checked for uniqueness under a cluster-wide lock.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, locker registry.Locker) (*registry.REST, *registry.StatusREST, error) {
+// kept unique through claims (see claims.go).
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	k.Relations = &registry.Relations[*networking.Vpc]{
-		Locker: locker,
-		Key:    func(*networking.Vpc) string { return "vpcs" },
-		Check:  assignVNI,
-	}
+	k.Claims = claims(store)
 	return registry.NewREST(&k, scheme, optsGetter)
-}
-
-// assignVNI allocates the lowest free VNI to a VPC that asked for one, and checks
-// that a requested VNI is not taken.
-func assignVNI(ctx context.Context, vpcStore *genericregistry.Store, vpc *networking.Vpc, since string) (field.ErrorList, error) {
-	vpcs, err := registry.ListSince[networking.VpcList](ctx, vpcStore, fields.Everything(), since)
-	if err != nil {
-		return nil, err
-	}
-	if vpc.Spec.VNI == 0 {
-		used := make(map[int32]bool, len(vpcs.Items))
-		for i := range vpcs.Items {
-			used[vpcs.Items[i].Spec.VNI] = true
-		}
-		vni, err := ipam.FirstFreeVNI(used, validation.MaxVNI)
-		if errors.Is(err, ipam.ErrExhausted) {
-			return field.ErrorList{field.Forbidden(field.NewPath("spec", "vni"), "every VNI is in use")}, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("allocating a VNI: %w", err)
-		}
-		vpc.Spec.VNI = vni
-	}
-	return validation.ValidateVpcRelations(vpc, vpcs.Items), nil
 }

@@ -1,0 +1,224 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strings"
+	"sync"
+)
+
+// ErrExhausted means every value of a range is claimed.
+var ErrExhausted = errors.New("no free value left")
+
+// Range is a set of values handed out lowest first, each claimed under
+// Prefix+Format(v).
+type Range struct {
+	Prefix string // ends in "/"
+	// Space names what the values mean (a subnet's cidr): an index built for
+	// another space under the same prefix is rebuilt.
+	Space  string
+	Lo, Hi uint32 // inclusive
+	// Reserved values are never handed out (a subnet's gateway).
+	Reserved []uint32
+	Format   func(v uint32) string
+	Parse    func(s string) (uint32, bool)
+}
+
+// Allocate claims the lowest free value of r for owner, together with the extra
+// keys, in one transaction. The free value is found in an in-memory index of the
+// range (loaded from etcd once, then kept by this server's own claims and
+// releases), so an allocation costs the same in an empty or a full range. The
+// index is a hint: etcd decides, a value another replica claimed meanwhile is
+// skipped, and a range that looks full is reloaded before it is called exhausted.
+//
+// When an extra key is held by someone else, nothing is claimed and its holders
+// are returned.
+func (s *Store) Allocate(ctx context.Context, r Range, owner Owner, extra ...string) (uint32, []Holder, error) {
+	p := s.pools.get(r)
+	reloaded := false
+	for {
+		v, ok, err := p.next(ctx, s)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !ok {
+			if reloaded {
+				return 0, nil, ErrExhausted
+			}
+			if err := p.load(ctx, s); err != nil {
+				return 0, nil, err
+			}
+			reloaded = true
+			continue
+		}
+		key := r.Prefix + r.Format(v)
+		holders, err := s.Claim(ctx, owner, append([]string{key}, extra...)...)
+		if err != nil {
+			// The outcome is unknown: keep v marked; Repair frees it if it was not written.
+			return 0, nil, err
+		}
+		if len(holders) == 0 {
+			return v, nil, nil
+		}
+		valueTaken := false
+		var others []Holder
+		for _, h := range holders {
+			if h.Key == key {
+				valueTaken = true // another replica's: stays marked
+			} else {
+				others = append(others, h)
+			}
+		}
+		if len(others) > 0 {
+			if !valueTaken {
+				p.free(v)
+			}
+			return 0, others, nil
+		}
+	}
+}
+
+// pools are the in-memory indexes of ranges, by prefix.
+type pools struct {
+	mu sync.Mutex
+	m  map[string]*pool
+}
+
+func (ps *pools) get(r Range) *pool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.m == nil {
+		ps.m = map[string]*pool{}
+	}
+	p := ps.m[r.Prefix]
+	if p == nil || !sameRange(p.r, r) {
+		// New, or the range under this prefix changed (a subnet re-created with another cidr).
+		p = &pool{r: r}
+		ps.m[r.Prefix] = p
+	}
+	return p
+}
+
+func sameRange(a, b Range) bool {
+	if a.Space != b.Space || a.Lo != b.Lo || a.Hi != b.Hi || len(a.Reserved) != len(b.Reserved) {
+		return false
+	}
+	for i := range a.Reserved {
+		if a.Reserved[i] != b.Reserved[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// released frees the value of key in its range's index, if it is indexed here.
+func (ps *pools) released(key string) {
+	i := strings.LastIndexByte(key, '/')
+	if i < 0 {
+		return
+	}
+	ps.mu.Lock()
+	p := ps.m[key[:i+1]]
+	ps.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if v, ok := p.r.Parse(key[i+1:]); ok {
+		p.free(v)
+	}
+}
+
+func (ps *pools) forget(prefix string) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.m, prefix)
+}
+
+// pool is a bitmap of the used values of a range with the lowest word that may
+// have a free bit, so finding the lowest free value is amortized O(1) while a
+// range fills and O(1) again after a value below is freed.
+type pool struct {
+	r      Range
+	mu     sync.Mutex
+	loaded bool
+	words  map[uint32]uint64 // (v-Lo)/64 -> used bits; absent = all free
+	hint   uint32            // no word below hint has a free bit
+}
+
+func (p *pool) load(ctx context.Context, s *Store) error {
+	keys, err := s.keys(ctx, p.r.Prefix)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.words, p.hint, p.loaded = map[uint32]uint64{}, 0, true
+	for _, v := range p.r.Reserved {
+		p.mark(v)
+	}
+	for _, k := range keys {
+		if v, ok := p.r.Parse(strings.TrimPrefix(k, p.r.Prefix)); ok {
+			p.mark(v)
+		}
+	}
+	return nil
+}
+
+// next marks the lowest free value used and returns it.
+func (p *pool) next(ctx context.Context, s *Store) (uint32, bool, error) {
+	p.mu.Lock()
+	loaded := p.loaded
+	p.mu.Unlock()
+	if !loaded {
+		if err := p.load(ctx, s); err != nil {
+			return 0, false, fmt.Errorf("loading the index of %s: %w", p.r.Prefix, err)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	span := p.r.Hi - p.r.Lo
+	for w := p.hint; w <= span/64; w++ {
+		used := p.words[w]
+		if used == ^uint64(0) {
+			continue
+		}
+		p.hint = w
+		v := p.r.Lo + w*64 + uint32(bits.TrailingZeros64(^used))
+		if v > p.r.Hi || v < p.r.Lo {
+			break
+		}
+		p.mark(v)
+		return v, true, nil
+	}
+	return 0, false, nil
+}
+
+func (p *pool) mark(v uint32) {
+	if v < p.r.Lo || v > p.r.Hi {
+		return
+	}
+	o := v - p.r.Lo
+	p.words[o/64] |= 1 << (o % 64)
+}
+
+func (p *pool) free(v uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.loaded || v < p.r.Lo || v > p.r.Hi {
+		return
+	}
+	for _, r := range p.r.Reserved {
+		if r == v {
+			return
+		}
+	}
+	o := v - p.r.Lo
+	if p.words[o/64] &^= 1 << (o % 64); p.words[o/64] == 0 {
+		delete(p.words, o/64)
+	}
+	if o/64 < p.hint {
+		p.hint = o / 64
+	}
+}

@@ -1,0 +1,288 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/klog/v2"
+
+	"mizar.dev/pkg/claim"
+)
+
+// Claims gives a kind values no two objects may share (see package claim). A
+// create reserves them before its object is written; they are released when the
+// object is deleted, or when the create fails before anything was written.
+type Claims[T runtime.Object] struct {
+	Store *claim.Store
+	// Reserve checks a new, statically valid object against the objects it
+	// depends on, fills in what it allocates and claims its values for owner.
+	// When it returns field errors it holds nothing.
+	Reserve func(ctx context.Context, r *Reserver[T], obj T) (field.ErrorList, error)
+	// Keys are the claims a stored object holds, with the field each comes from.
+	Keys func(obj T) []Key
+	// Prefixes are the claim prefixes whose claims are this kind's (for Repair).
+	Prefixes []string
+	// AfterDelete, optional, drops what a deleted object held besides its Keys.
+	AfterDelete func(ctx context.Context, s *claim.Store, obj T) error
+}
+
+// Key is one claim of an object and the field that holds the value.
+type Key struct {
+	Key   string
+	Path  *field.Path
+	Value any
+}
+
+// Reserver is what a kind's Reserve works with: the claim store, the new
+// object's owner record, and its own store for telling live holders from orphans.
+type Reserver[T runtime.Object] struct {
+	Claims *claim.Store
+	Owner  claim.Owner
+	self   *genericregistry.Store
+	keys   func(T) []Key
+}
+
+// ClaimKeys claims keys for the new object. A key held by a live object is a
+// duplicate (422 at its field); one whose holder is gone and older than
+// claim.OrphanGrace is taken over; one held by a create still in flight is a
+// conflict the client may retry (409).
+func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorList, error) {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.Key
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		holders, err := r.Claims.Claim(ctx, r.Owner, names...)
+		if err != nil {
+			return nil, StorageError(err)
+		}
+		if len(holders) == 0 {
+			return nil, nil
+		}
+		errs, err := r.Resolve(ctx, holders, func(h claim.Holder) *field.Error {
+			k := keyOf(keys, h.Key)
+			dup := field.Duplicate(k.Path, k.Value)
+			dup.Detail = "already used by " + h.Owner.String()
+			return dup
+		})
+		if err != nil || len(errs) > 0 {
+			return errs, err
+		}
+	}
+	return nil, apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name, errors.New("its values were claimed concurrently; retry"))
+}
+
+// Resolve looks at claims held by others: a live holder is reported through
+// conflict, an orphan is dropped (the caller retries), and a holder still in its
+// grace period is a 409.
+func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, conflict func(claim.Holder) *field.Error) (field.ErrorList, error) {
+	var errs field.ErrorList
+	for _, h := range holders {
+		live, err := r.Live(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case live:
+			errs = append(errs, conflict(h))
+		case h.Age(time.Now()) > claim.OrphanGrace:
+			klog.InfoS("Reclaiming an orphaned claim", "key", h.Key, "owner", h.Owner.String())
+			if err := r.Claims.Drop(ctx, h); err != nil {
+				return nil, StorageError(err)
+			}
+		default:
+			return nil, apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name,
+				fmt.Errorf("%s is being claimed by a create of %s still in progress; retry", h.Key, h.Owner))
+		}
+	}
+	return errs, nil
+}
+
+// Live reports whether the holder's object exists (read consistently from etcd)
+// and still holds the key.
+func (r *Reserver[T]) Live(ctx context.Context, h claim.Holder) (bool, error) {
+	obj, err := r.self.Get(genericapirequest.WithNamespace(ctx, h.Namespace), h.Name, &metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if string(objectMeta(obj).GetUID()) != h.UID {
+		return false, nil
+	}
+	return keyOf(r.keys(must[T](obj)), h.Key).Key != "", nil
+}
+
+func keyOf(keys []Key, name string) Key {
+	for _, k := range keys {
+		if k.Key == name {
+			return k
+		}
+	}
+	return Key{Path: field.NewPath("metadata", "name"), Value: name}
+}
+
+// StorageError keeps API status errors as they are (a 429 from the watch cache
+// stays a 429) and turns a failing etcd into a retriable 503 instead of a 500.
+func StorageError(err error) error {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return apierrors.NewTimeoutError(fmt.Sprintf("storage did not answer in time: %v", err), 1)
+	}
+	se := apierrors.NewServiceUnavailable(fmt.Sprintf("storage unavailable: %v", err))
+	se.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+	return se
+}
+
+func (k *Kind[T, S, St]) owner(obj runtime.Object) claim.Owner {
+	m := objectMeta(obj)
+	return claim.Owner{Resource: k.Resource.Resource, Namespace: m.GetNamespace(), Name: m.GetName(), UID: string(m.GetUID())}
+}
+
+// KeyNames returns the claim keys of keys.
+func KeyNames(keys []Key) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = k.Key
+	}
+	return out
+}
+
+// beginCreate reserves a new object's claims. The store calls it before the
+// strategy's own validation, so static validation runs here first: only a
+// well-formed object claims anything, and a bad one gets every static error at once.
+//
+// The finish function runs with stored == true also before the write of a
+// server-side-apply create; claims of a write that then fails are left to
+// Repair. A create whose write was attempted and failed in an unknown way
+// (etcd may have committed it) keeps its claims for the same reason.
+func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.Store, attempts *createAttempts) genericregistry.BeginCreateFunc {
+	c := k.Claims
+	return func(ctx context.Context, obj runtime.Object, opts *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
+		t := must[T](obj)
+		name := objectMeta(obj).GetName()
+		if errs := k.Validate(t); len(errs) > 0 {
+			return nil, apierrors.NewInvalid(gk, name, errs)
+		}
+		r := &Reserver[T]{Claims: c.Store, Owner: k.owner(obj), self: self, keys: c.Keys}
+		errs, err := c.Reserve(ctx, r, t)
+		if err != nil {
+			return nil, StorageError(err)
+		}
+		if len(errs) > 0 {
+			return nil, apierrors.NewInvalid(gk, name, errs)
+		}
+		dryRun := opts != nil && len(opts.DryRun) > 0
+		return func(ctx context.Context, stored bool) {
+			if stored && !dryRun {
+				return
+			}
+			if !dryRun && attempts.unknownOutcome(obj) {
+				klog.InfoS("Create failed after its write was sent; its claims stay until Repair checks them", "resource", k.Resource, "name", name)
+				return
+			}
+			release(ctx, c.Store, r.Owner.UID, KeyNames(c.Keys(t)))
+		}, nil
+	}
+}
+
+// beginUpdate claims the values an update adds. Values it no longer holds are
+// freed by Repair (the finish function runs before the write, so it cannot
+// know whether the old values are free yet).
+func (k *Kind[T, S, St]) beginUpdate(self *genericregistry.Store) genericregistry.BeginUpdateFunc {
+	c := k.Claims
+	return func(ctx context.Context, obj, old runtime.Object, opts *metav1.UpdateOptions) (genericregistry.FinishFunc, error) {
+		added := slices.DeleteFunc(c.Keys(must[T](obj)), func(n Key) bool {
+			return slices.ContainsFunc(c.Keys(must[T](old)), func(o Key) bool { return o.Key == n.Key })
+		})
+		if len(added) == 0 {
+			return func(context.Context, bool) {}, nil
+		}
+		r := &Reserver[T]{Claims: c.Store, Owner: k.owner(old), self: self, keys: c.Keys}
+		errs, err := r.ClaimKeys(ctx, added...)
+		if err != nil {
+			return nil, err
+		}
+		if len(errs) > 0 {
+			return nil, apierrors.NewInvalid(schema.GroupKind{Group: k.Resource.Group, Kind: k.Singular}, r.Owner.Name, errs)
+		}
+		dryRun := opts != nil && len(opts.DryRun) > 0
+		return func(ctx context.Context, stored bool) {
+			if !stored || dryRun {
+				release(ctx, c.Store, r.Owner.UID, KeyNames(added))
+			}
+		}, nil
+	}
+}
+
+func release(ctx context.Context, s *claim.Store, uid string, keys []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.Release(ctx, uid, keys...); err != nil {
+		// Not lost: Repair drops claims whose owner does not hold them.
+		klog.ErrorS(err, "Releasing claims; Repair will", "keys", keys)
+	}
+}
+
+// createAttempts remembers, between a create's storage write and its finish
+// function, whether a write was sent and how it failed.
+type createAttempts struct{ m sync.Map }
+
+func (a *createAttempts) unknownOutcome(obj runtime.Object) bool {
+	v, ok := a.m.LoadAndDelete(obj)
+	if !ok {
+		return false
+	}
+	err, _ := v.(error)
+	return err != nil && !storage.IsExist(err)
+}
+
+// claimingStorage tells createAttempts about each create's write, and releases a
+// deleted object's claims whichever path deleted it (a delete, or the update
+// that removed its last finalizer).
+type claimingStorage[T runtime.Object] struct {
+	storage.Interface
+	attempts *createAttempts
+	claims   *Claims[T]
+}
+
+func (s *claimingStorage[T]) Create(ctx context.Context, key string, obj, out runtime.Object, ttl uint64) error {
+	err := s.Interface.Create(ctx, key, obj, out, ttl)
+	if err != nil {
+		s.attempts.m.Store(obj, err)
+	}
+	return err
+}
+
+func (s *claimingStorage[T]) Delete(ctx context.Context, key string, out runtime.Object, preconditions *storage.Preconditions,
+	validateDeletion storage.ValidateObjectFunc, cachedExistingObject runtime.Object, opts storage.DeleteOptions) error {
+	if err := s.Interface.Delete(ctx, key, out, preconditions, validateDeletion, cachedExistingObject, opts); err != nil {
+		return err
+	}
+	t := must[T](out)
+	release(ctx, s.claims.Store, string(objectMeta(out).GetUID()), KeyNames(s.claims.Keys(t)))
+	if s.claims.AfterDelete != nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.claims.AfterDelete(ctx, s.claims.Store, t); err != nil {
+			klog.ErrorS(err, "Dropping the claims of a deleted object", "key", key)
+		}
+	}
+	return nil
+}

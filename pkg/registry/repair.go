@@ -1,0 +1,67 @@
+package registry
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+
+	"mizar.dev/pkg/claim"
+)
+
+// repair drops the claims of this kind whose owner is gone or no longer holds
+// them (a create that failed after its write was sent, a server-side-apply
+// create whose write failed, a release that could not reach etcd, a value an
+// update gave up). Only claims older than claim.OrphanGrace are looked at, so a
+// create still in flight keeps what it claimed.
+func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store) (int, error) {
+	c := k.Claims
+	r := &Reserver[T]{Claims: c.Store, self: self, keys: c.Keys}
+	now := time.Now()
+	dropped := 0
+	for _, p := range c.Prefixes {
+		holders, _, err := c.Store.List(ctx, p)
+		if err != nil {
+			return dropped, err
+		}
+		for _, h := range holders {
+			if h.Resource != k.Resource.Resource || h.Age(now) <= claim.OrphanGrace {
+				continue
+			}
+			live, err := r.Live(ctx, h)
+			if err != nil {
+				return dropped, err
+			}
+			if live {
+				continue
+			}
+			if err := c.Store.Drop(ctx, h); err != nil {
+				return dropped, err
+			}
+			klog.InfoS("Dropped an orphaned claim", "key", h.Key, "owner", h.Owner.String(), "age", h.Age(now).Round(time.Second))
+			dropped++
+		}
+	}
+	return dropped, nil
+}
+
+// Repairer is a store whose orphaned claims can be dropped.
+type Repairer interface {
+	Repair(ctx context.Context) (int, error)
+}
+
+// RepairLoop runs every repairer at once and then every period until ctx ends.
+func RepairLoop(ctx context.Context, repairers []Repairer, period time.Duration) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		for _, r := range repairers {
+			if n, err := r.Repair(ctx); err != nil {
+				klog.ErrorS(err, "Repairing claims", "store", r)
+			} else if n > 0 {
+				klog.InfoS("Repaired claims", "dropped", n)
+			}
+		}
+	}, period)
+}
