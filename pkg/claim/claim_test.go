@@ -1,0 +1,267 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+
+	"mizar.dev/pkg/etcd"
+)
+
+// newStores starts a real etcd and returns n stores on it, as n server replicas
+// would have, each under a prefix unique to the test.
+func newStores(t testing.TB, n int) []*Store {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "claim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := etcd.StartEmbedded(etcd.EmbeddedOptions{Dir: dir, UnsafeNoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(); os.RemoveAll(dir) })
+	prefix := fmt.Sprintf("/test/%s/%d/", t.Name(), time.Now().UnixNano())
+	stores := make([]*Store, n)
+	for i := range stores {
+		c, err := etcd.NewClient(storagebackend.TransportConfig{ServerList: e.Endpoints()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		stores[i] = NewStore(c, prefix)
+	}
+	return stores
+}
+
+func owner(name string) Owner { return Owner{Resource: "things", Name: name, UID: "uid-" + name} }
+
+var small = Range{
+	Prefix:   "n/",
+	Space:    "1-8",
+	Lo:       1,
+	Hi:       8,
+	Reserved: []uint32{1},
+	Format:   func(v uint32) string { return strconv.Itoa(int(v)) },
+	Parse: func(s string) (uint32, bool) {
+		v, err := strconv.Atoi(s)
+		return uint32(v), err == nil
+	},
+}
+
+func TestClaimIsAllOrNothing(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	if h, err := s.Claim(ctx, owner("a"), "x/1", "x/2"); err != nil || len(h) != 0 {
+		t.Fatalf("first claim: holders %v, err %v", h, err)
+	}
+	h, err := s.Claim(ctx, owner("b"), "x/2", "x/3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 1 || h[0].Key != "x/2" || h[0].Name != "a" {
+		t.Fatalf("holders = %+v, want x/2 held by a", h)
+	}
+	if got, _ := s.Get(ctx, "x/3"); got != nil {
+		t.Errorf("x/3 was written by a claim that failed: %+v", got)
+	}
+	// The same owner claiming again (a retried create) succeeds.
+	if h, err := s.Claim(ctx, owner("a"), "x/2", "x/4"); err != nil || len(h) != 0 {
+		t.Fatalf("retried claim: holders %v, err %v", h, err)
+	}
+	if got, _ := s.Get(ctx, "x/4"); got == nil || got.UID != "uid-a" {
+		t.Errorf("x/4 = %+v, want held by a", got)
+	}
+}
+
+func TestReleaseOnlyDropsOwnClaims(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	mustClaim(t, s, owner("a"), "r/1")
+	if err := s.Release(ctx, "uid-b", "r/1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get(ctx, "r/1"); got == nil {
+		t.Fatal("b released a's claim")
+	}
+	if err := s.Release(ctx, "uid-a", "r/1", "r/absent"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get(ctx, "r/1"); got != nil {
+		t.Fatalf("a's claim survived its release: %+v", got)
+	}
+}
+
+func TestClaimUnchangedFailsWhenTheGuardedRangeChanged(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	_, rev, err := s.List(ctx, "g/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, owner("other"), "g/10.0.0.0/24")
+	ok, err := s.ClaimUnchanged(ctx, owner("me"), "g/", rev, "g/10.0.0.0/25")
+	if err != nil || ok {
+		t.Fatalf("claim over a changed range: ok %v, err %v; want refused", ok, err)
+	}
+	_, rev, _ = s.List(ctx, "g/")
+	if ok, err := s.ClaimUnchanged(ctx, owner("me"), "g/", rev, "g/10.0.1.0/24"); err != nil || !ok {
+		t.Fatalf("claim over an unchanged range: ok %v, err %v", ok, err)
+	}
+	// Unrelated keys outside the guard do not matter.
+	_, rev, _ = s.List(ctx, "g/")
+	mustClaim(t, s, owner("other"), "h/1")
+	if ok, err := s.ClaimUnchanged(ctx, owner("me"), "g/", rev, "g/10.0.2.0/24"); err != nil || !ok {
+		t.Fatalf("claim after a write outside the guard: ok %v, err %v", ok, err)
+	}
+}
+
+func TestAllocateLowestFreeUntilExhausted(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	var got []uint32
+	for i := 0; ; i++ {
+		v, h, err := s.Allocate(ctx, small, owner(fmt.Sprint(i)))
+		if errors.Is(err, ErrExhausted) {
+			break
+		}
+		if err != nil || len(h) != 0 {
+			t.Fatalf("allocation %d: %v %v", i, h, err)
+		}
+		got = append(got, v)
+	}
+	if fmt.Sprint(got) != "[2 3 4 5 6 7 8]" {
+		t.Fatalf("allocated %v, want 2..8 (1 is reserved)", got)
+	}
+	if err := s.Release(ctx, "uid-2", "n/4"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := s.Allocate(ctx, small, owner("again")); err != nil || v != 4 {
+		t.Fatalf("after releasing 4: got %d, %v", v, err)
+	}
+}
+
+func TestAllocateWithExtraKeyHeldClaimsNothing(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	mustClaim(t, s, owner("mac-holder"), "mac/aa")
+	v, h, err := s.Allocate(ctx, small, owner("b"), "mac/aa")
+	if err != nil || len(h) != 1 || h[0].Name != "mac-holder" {
+		t.Fatalf("got %d %+v %v, want the holder of mac/aa", v, h, err)
+	}
+	if v, _, err := s.Allocate(ctx, small, owner("c")); err != nil || v != 2 {
+		t.Fatalf("the value tried with a taken extra key was not freed: got %d, %v", v, err)
+	}
+}
+
+// Two replicas allocating from one range at once never hand out a value twice,
+// and together they use the whole range.
+func TestAllocateAcrossReplicas(t *testing.T) {
+	stores := newStores(t, 2)
+	ctx := context.Background()
+	r := small
+	r.Hi, r.Reserved = 200, nil
+	var mu sync.Mutex
+	seen := map[uint32]string{}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := owner(strconv.Itoa(i))
+			v, _, err := stores[i%2].Allocate(ctx, r, o)
+			if err != nil {
+				t.Errorf("allocation %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if prev, dup := seen[v]; dup {
+				t.Errorf("value %d handed to %s and %s", v, prev, o.Name)
+			}
+			seen[v] = o.Name
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 200 {
+		t.Errorf("%d distinct values, want 200", len(seen))
+	}
+	if _, _, err := stores[0].Allocate(ctx, r, owner("extra")); !errors.Is(err, ErrExhausted) {
+		t.Errorf("201st allocation: %v, want ErrExhausted", err)
+	}
+}
+
+// A value another replica released is found once the index looks full.
+func TestAllocateFindsValuesReleasedElsewhere(t *testing.T) {
+	stores := newStores(t, 2)
+	ctx := context.Background()
+	for i := range 7 {
+		if _, _, err := stores[0].Allocate(ctx, small, owner(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stores[1].Release(ctx, "uid-3", "n/5"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _, err := stores[0].Allocate(ctx, small, owner("late")); err != nil || v != 5 {
+		t.Fatalf("got %d, %v; want 5, released by the other replica", v, err)
+	}
+}
+
+func TestTakeAndDropAreGuardedByRevision(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	mustClaim(t, s, owner("old"), "t/1")
+	h, _ := s.Get(ctx, "t/1")
+	if ok, err := s.Take(ctx, *h, owner("new")); err != nil || !ok {
+		t.Fatalf("take: %v %v", ok, err)
+	}
+	// h is stale now: neither a second take nor a drop through it may succeed.
+	if ok, _ := s.Take(ctx, *h, owner("third")); ok {
+		t.Fatal("a stale holder took the claim")
+	}
+	if err := s.Drop(ctx, *h); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get(ctx, "t/1"); got == nil || got.Name != "new" {
+		t.Fatalf("claim = %+v, want held by new", got)
+	}
+}
+
+func mustClaim(t *testing.T, s *Store, o Owner, keys ...string) {
+	t.Helper()
+	if h, err := s.Claim(context.Background(), o, keys...); err != nil || len(h) != 0 {
+		t.Fatalf("claiming %v for %s: holders %v, err %v", keys, o.Name, h, err)
+	}
+}
+
+// BenchmarkAllocateInFullRange compares an allocation in a range that is almost
+// full with one in an empty range, in one run: the index makes them cost the same.
+func BenchmarkAllocate(b *testing.B) {
+	for _, used := range []int{100, 10000} {
+		b.Run(fmt.Sprintf("used=%d", used), func(b *testing.B) {
+			s := newStores(b, 1)[0]
+			ctx := context.Background()
+			r := small
+			r.Space, r.Hi, r.Reserved = "big", 1<<20, nil
+			for i := range used {
+				if _, _, err := s.Allocate(ctx, r, owner(strconv.Itoa(i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, _, err := s.Allocate(ctx, r, owner("bench-"+strconv.Itoa(i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
