@@ -47,6 +47,9 @@ type Options struct {
 	AlternateDNS []string
 	// EtcdUnsafeNoFsync makes the embedded etcd skip fsync; for tests only.
 	EtcdUnsafeNoFsync bool
+	// WrapStorage, when set, wraps each resource's storage (tests inject faults
+	// with it; no flag sets it).
+	WrapStorage StorageWrapper
 }
 
 // NewOptions returns the defaults.
@@ -128,6 +131,9 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return fmt.Errorf("applying options: %w", err)
+	}
+	if o.WrapStorage != nil {
+		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
 	}
 	if standalone != nil {
 		if cfg.Authorization.Authorizer, err = standaloneAuthorizer(); err != nil {

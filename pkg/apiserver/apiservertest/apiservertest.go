@@ -35,7 +35,19 @@ type Server struct {
 // returns once /readyz passes. It is stopped when the test ends.
 func Start(t testing.TB, dataDir string, flags ...string) *Server {
 	t.Helper()
-	s, err := New(dataDir, flags...)
+	return StartWithOptions(t, dataDir, func(*apiserver.Options) {}, flags...)
+}
+
+// New is Start for callers without a testing.TB (TestMain); they call Stop.
+func New(dataDir string, flags ...string) (*Server, error) {
+	return NewWithOptions(dataDir, func(*apiserver.Options) {}, flags...)
+}
+
+// StartWithOptions is Start with a hook that adjusts the options after the
+// flags are parsed (e.g. to set Options.WrapStorage).
+func StartWithOptions(t testing.TB, dataDir string, adjust func(*apiserver.Options), flags ...string) *Server {
+	t.Helper()
+	s, err := NewWithOptions(dataDir, adjust, flags...)
 	if err != nil {
 		t.Fatalf("starting mizar-apiserver: %v", err)
 	}
@@ -47,8 +59,8 @@ func Start(t testing.TB, dataDir string, flags ...string) *Server {
 	return s
 }
 
-// New is Start for callers without a testing.TB (TestMain); they call Stop.
-func New(dataDir string, flags ...string) (*Server, error) {
+// NewWithOptions is New with the options hook of StartWithOptions.
+func NewWithOptions(dataDir string, adjust func(*apiserver.Options), flags ...string) (*Server, error) {
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
@@ -56,6 +68,7 @@ func New(dataDir string, flags ...string) (*Server, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	adjust(opts)
 	// The kubeconfig appears once this run listens; an old one names an old port.
 	kubeconfig := opts.KubeconfigPath()
 	if err := os.Remove(kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
