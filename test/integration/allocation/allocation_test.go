@@ -146,6 +146,15 @@ func race(n int, call func(i int) error) []error {
 	return errs
 }
 
+var ipSeq atomic.Uint32
+
+// uniqueIP returns droplet addresses (198.18.0.0/15, benchmarking space) no other
+// test of this process and run uses; the base changes per run.
+func uniqueIP() string {
+	v := uint32(time.Now().UnixNano()/1e3)&0xffff<<8 + ipSeq.Add(1)
+	return fmt.Sprintf("198.%d.%d.%d", 18+(v>>16)&1, (v>>8)&0xff, v&0xff)
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -327,7 +336,8 @@ func TestDuplicatesRefused(t *testing.T) {
 	sameMAC := fixtures.Endpoint(ns, "same-mac", sn, "")
 	sameMAC.Spec.MAC = first.Spec.MAC
 	dropletIP := unique(t, "drop")
-	_, err = c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-a", "192.0.2.77"), metav1.CreateOptions{})
+	taken, free1, free2 := uniqueIP(), uniqueIP(), uniqueIP()
+	_, err = c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-a", taken), metav1.CreateOptions{})
 	must(t, err)
 	for _, tc := range []struct {
 		name   string
@@ -337,7 +347,7 @@ func TestDuplicatesRefused(t *testing.T) {
 		{"endpoint ip", func() error { _, err := c.Endpoints(ns).Create(ctx, sameIP, metav1.CreateOptions{}); return err }, "spec.ip"},
 		{"endpoint mac", func() error { _, err := c.Endpoints(ns).Create(ctx, sameMAC, metav1.CreateOptions{}); return err }, "spec.mac"},
 		{"droplet ip", func() error {
-			_, err := c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-b", "192.0.2.77"), metav1.CreateOptions{})
+			_, err := c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-b", taken), metav1.CreateOptions{})
 			return err
 		}, "spec.ip"},
 	} {
@@ -347,13 +357,13 @@ func TestDuplicatesRefused(t *testing.T) {
 		}
 	}
 	// A droplet moving to a taken address is refused too; to a free one it is not.
-	d, err := c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-c", "192.0.2.78"), metav1.CreateOptions{})
+	d, err := c.Droplets().Create(ctx, fixtures.Droplet(dropletIP+"-c", free1), metav1.CreateOptions{})
 	must(t, err)
-	d.Spec.IP = "192.0.2.77"
+	d.Spec.IP = taken
 	if _, err := c.Droplets().Update(ctx, d, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
 		t.Errorf("moving a droplet onto a taken address: %v, want 422", err)
 	}
-	d.Spec.IP = "192.0.2.79"
+	d.Spec.IP = free2
 	_, err = c.Droplets().Update(ctx, d, metav1.UpdateOptions{})
 	must(t, err)
 }
@@ -386,7 +396,7 @@ func TestNothingLeftAfterDelete(t *testing.T) {
 		must(t, applyEndpoint(ctx, client(), ns, fmt.Sprintf("ssa-%d", i), sn))
 	}
 	drop := unique(t, "drop")
-	_, err = c.Droplets().Create(ctx, fixtures.Droplet(drop, "192.0.2.200"), metav1.CreateOptions{})
+	_, err = c.Droplets().Create(ctx, fixtures.Droplet(drop, uniqueIP()), metav1.CreateOptions{})
 	must(t, err)
 	if n := len(claims()) - len(strings.Split(before, "\n")); n != 23 {
 		t.Fatalf("%d claims were written for 10 endpoints, a subnet, a VPC and a droplet; want 23", n)
