@@ -46,6 +46,8 @@ type env struct {
 	// run numbers each invocation of a sub-benchmark (b.N ramps up over several),
 	// so every invocation creates objects and keys of its own.
 	run atomic.Int64
+	// dropletIPs numbers droplet addresses, which must be unique across runs.
+	dropletIPs atomic.Uint32
 }
 
 // BenchmarkAPIServer starts one standalone server for all sub-benchmarks.
@@ -72,7 +74,10 @@ func BenchmarkAPIServer(b *testing.B) {
 
 	b.Run("create", func(b *testing.B) {
 		b.Run("droplets", e.benchCreateDroplets)
-		b.Run("endpoints", e.benchCreateEndpoints)
+		b.Run("vpcs", e.benchCreateVpcs)
+		// The same subnet size, emptier and fuller: allocation must not slow down as it fills.
+		b.Run("endpoints/existing=100", func(b *testing.B) { e.benchCreateEndpoints(b, 100) })
+		b.Run("endpoints/existing=10000", func(b *testing.B) { e.benchCreateEndpoints(b, 10000) })
 	})
 	b.Run("watch", func(b *testing.B) {
 		b.Run("all", func(b *testing.B) { e.benchWatch(b, false) })
@@ -80,23 +85,35 @@ func BenchmarkAPIServer(b *testing.B) {
 	})
 }
 
-// benchCreateDroplets creates Droplets: no cross-object checks, so the cost is
-// the apiserver's request path and one etcd transaction.
+// benchCreateDroplets creates Droplets: nothing allocated, one claim (the
+// droplet's address) and the object: the baseline for allocating creates.
 func (e *env) benchCreateDroplets(b *testing.B) {
 	run := e.run.Add(1)
 	c := e.srv.Client.NetworkingV1alpha1().Droplets()
 	name := func(i int) string { return fmt.Sprintf("bench-%d-%d", run, i) }
 	e.benchCreate(b, run, "droplets", name, func(ctx context.Context, i int) error {
-		d := fixtures.Droplet(name(i), fmt.Sprintf("172.%d.%d.%d", 16+(i>>16)&15, (i>>8)&255, i&255))
+		n := e.dropletIPs.Add(1)
+		d := fixtures.Droplet(name(i), fmt.Sprintf("172.%d.%d.%d", 16+(n>>16)&15, (n>>8)&255, n&255))
 		_, err := c.Create(ctx, d, metav1.CreateOptions{})
 		return err
 	})
 }
 
-// benchCreateEndpoints creates Endpoints in one Subnet: each create takes the
-// subnet's etcd lock, reads the subnet and lists its endpoints to allocate an
-// address, so creates in one subnet are serialized.
-func (e *env) benchCreateEndpoints(b *testing.B) {
+// benchCreateVpcs creates VPCs, each allocated the lowest free VNI.
+func (e *env) benchCreateVpcs(b *testing.B) {
+	run := e.run.Add(1)
+	c := e.srv.Client.NetworkingV1alpha1().Vpcs()
+	name := func(i int) string { return fmt.Sprintf("bench-%d-%d", run, i) }
+	e.benchCreate(b, run, "vpcs", name, func(ctx context.Context, i int) error {
+		_, err := c.Create(ctx, fixtures.Vpc(name(i), "10.0.0.0/8", 0), metav1.CreateOptions{})
+		return err
+	})
+}
+
+// benchCreateEndpoints creates Endpoints in one /16 Subnet that already holds
+// existing endpoints: each create reads the subnet (from the cache), takes the
+// lowest free address from the in-memory index and claims it with the MAC.
+func (e *env) benchCreateEndpoints(b *testing.B, existing int) {
 	run := e.run.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -109,8 +126,16 @@ func (e *env) benchCreateEndpoints(b *testing.B) {
 	if _, err := c.Subnets().Create(ctx, fixtures.Subnet(subnet, vpc, fmt.Sprintf("10.%d.0.0/16", run%256)), metav1.CreateOptions{}); err != nil {
 		b.Fatalf("creating subnet: %v", err)
 	}
-	if b.N > 65533 {
-		b.Fatalf("b.N=%d endpoints do not fit in one /16 subnet; use a smaller -benchtime", b.N)
+	if b.N+existing > 65533 {
+		b.Fatalf("b.N=%d endpoints beside %d do not fit in one /16 subnet; use a smaller -benchtime", b.N, existing)
+	}
+	fill := func(ctx context.Context, i int) error {
+		name := fmt.Sprintf("fill-%d-%d", run, i)
+		_, err := c.Endpoints("bench").Create(ctx, fixtures.Endpoint("bench", name, subnet, ""), metav1.CreateOptions{})
+		return err
+	}
+	if _, err := concurrently(0, existing, workers, make([]time.Duration, existing), fill); err != nil {
+		b.Fatalf("filling the subnet: %v", err)
 	}
 	name := func(i int) string { return fmt.Sprintf("bench-%d-%d", run, i) }
 	e.benchCreate(b, run, "endpoints", name, func(ctx context.Context, i int) error {

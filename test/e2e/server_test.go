@@ -34,15 +34,15 @@ type server struct {
 }
 
 // startServer runs the binary standalone on dataDir (reusing what a previous run
-// left there) and returns once /readyz answers ok through kubectl.
-func startServer(dataDir string) (*server, error) {
+// left there), with extra flags, and returns once /readyz answers ok through kubectl.
+func startServer(dataDir string, extra ...string) (*server, error) {
 	s := &server{dataDir: dataDir, kubeconfig: filepath.Join(dataDir, "kubeconfig"), log: &lockedBuffer{}, exited: make(chan struct{})}
 	// The kubeconfig appears once this run listens; one left by a previous run
 	// names a port that may be gone.
 	if err := os.Remove(s.kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing the previous kubeconfig: %w", err)
 	}
-	s.cmd = exec.Command(apiserverBin, "--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync")
+	s.cmd = exec.Command(apiserverBin, append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync"}, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	dieWithTest(s.cmd)
 	if err := s.cmd.Start(); err != nil {
@@ -103,6 +103,12 @@ func (s *server) stop() error {
 	}
 	<-s.exited
 	return fmt.Errorf("did not exit within %v of SIGTERM and was killed", stopTimeout)
+}
+
+// kill ends the server with SIGKILL, as a crash would, and waits for it.
+func (s *server) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
 }
 
 func (s *server) exitError() error {
