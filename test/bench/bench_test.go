@@ -74,10 +74,8 @@ func BenchmarkAPIServer(b *testing.B) {
 
 	b.Run("create", func(b *testing.B) {
 		b.Run("droplets", e.benchCreateDroplets)
-		b.Run("vpcs", e.benchCreateVpcs)
-		// The same subnet size, emptier and fuller: allocation must not slow down as it fills.
-		b.Run("endpoints/existing=100", func(b *testing.B) { e.benchCreateEndpoints(b, 100) })
-		b.Run("endpoints/existing=10000", func(b *testing.B) { e.benchCreateEndpoints(b, 10000) })
+		b.Run("endpoints", e.benchCreateEndpoints)
+		b.Run("allocating", e.benchAllocating)
 	})
 	b.Run("watch", func(b *testing.B) {
 		b.Run("all", func(b *testing.B) { e.benchWatch(b, false) })
@@ -99,21 +97,91 @@ func (e *env) benchCreateDroplets(b *testing.B) {
 	})
 }
 
-// benchCreateVpcs creates VPCs, each allocated the lowest free VNI.
-func (e *env) benchCreateVpcs(b *testing.B) {
+// benchAllocating compares, in alternating rounds of one run, creates that
+// allocate with creates that do not: droplets (one claim, nothing allocated),
+// VPCs (lowest free VNI), and endpoints in a /16 subnet holding 100 and one
+// holding 10,000 endpoints (lowest free address + MAC claim). Allocation should
+// cost little beside a plain create, and nothing more in a fuller subnet.
+func (e *env) benchAllocating(b *testing.B) {
 	run := e.run.Add(1)
-	c := e.srv.Client.NetworkingV1alpha1().Vpcs()
-	name := func(i int) string { return fmt.Sprintf("bench-%d-%d", run, i) }
-	e.benchCreate(b, run, "vpcs", name, func(ctx context.Context, i int) error {
-		_, err := c.Create(ctx, fixtures.Vpc(name(i), "10.0.0.0/8", 0), metav1.CreateOptions{})
-		return err
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := e.srv.Client.NetworkingV1alpha1()
+	vpc := fmt.Sprintf("alloc-vpc-%d", run)
+	if _, err := c.Vpcs().Create(ctx, fixtures.Vpc(vpc, "10.0.0.0/8", 0), metav1.CreateOptions{}); err != nil {
+		b.Fatalf("creating vpc: %v", err)
+	}
+	subnet := func(existing int) string {
+		name := fmt.Sprintf("alloc-%d-%d", run, existing)
+		cidr := fmt.Sprintf("10.%d.0.0/16", (2*run+int64(existing%7))%256)
+		if _, err := c.Subnets().Create(ctx, fixtures.Subnet(name, vpc, cidr), metav1.CreateOptions{}); err != nil {
+			b.Fatalf("creating subnet %s: %v", cidr, err)
+		}
+		fill := func(ctx context.Context, i int) error {
+			n := fmt.Sprintf("fill-%s-%d", name, i)
+			_, err := c.Endpoints("bench").Create(ctx, fixtures.Endpoint("bench", n, name, ""), metav1.CreateOptions{})
+			return err
+		}
+		if _, err := concurrently(0, existing, workers, make([]time.Duration, existing), fill); err != nil {
+			b.Fatalf("filling subnet %s: %v", name, err)
+		}
+		return name
+	}
+	few, many := subnet(100), subnet(10000)
+	if b.N > 65533-10000 {
+		b.Fatalf("b.N=%d endpoints do not fit beside 10,000 in a /16; use a smaller -benchtime", b.N)
+	}
+	endpointIn := func(sn string) func(context.Context, int) error {
+		return func(ctx context.Context, i int) error {
+			n := fmt.Sprintf("b-%s-%d", sn, i)
+			_, err := c.Endpoints("bench").Create(ctx, fixtures.Endpoint("bench", n, sn, ""), metav1.CreateOptions{})
+			return err
+		}
+	}
+	phases := []struct {
+		name   string
+		create func(context.Context, int) error
+		wall   time.Duration
+	}{
+		{name: "droplets", create: func(ctx context.Context, i int) error {
+			n := e.dropletIPs.Add(1)
+			d := fixtures.Droplet(fmt.Sprintf("alloc-%d-%d", run, i), fmt.Sprintf("172.%d.%d.%d", 16+(n>>16)&15, (n>>8)&255, n&255))
+			_, err := c.Droplets().Create(ctx, d, metav1.CreateOptions{})
+			return err
+		}},
+		{name: "vpcs", create: func(ctx context.Context, i int) error {
+			_, err := c.Vpcs().Create(ctx, fixtures.Vpc(fmt.Sprintf("alloc-%d-%d", run, i), "10.0.0.0/8", 0), metav1.CreateOptions{})
+			return err
+		}},
+		{name: "endpoints@100", create: endpointIn(few)},
+		{name: "endpoints@10000", create: endpointIn(many)},
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for r, n := 0, min(rounds, b.N); r < n; r++ {
+		lo, hi := b.N*r/n, b.N*(r+1)/n
+		for i := range phases {
+			wall, err := concurrently(lo, hi, workers, lat, phases[i].create)
+			if err != nil {
+				b.Fatalf("%s: %v", phases[i].name, err)
+			}
+			phases[i].wall += wall
+		}
+	}
+	rate := func(i int) float64 { return float64(b.N) / phases[i].wall.Seconds() }
+	for i := range phases {
+		b.ReportMetric(rate(i), phases[i].name+"/s")
+	}
+	b.ReportMetric(rate(2)/rate(0), "endpoints@100/droplets")
+	b.ReportMetric(rate(3)/rate(0), "endpoints@10000/droplets")
+	b.ReportMetric(rate(3)/rate(2), "endpoints@10000/@100")
+	b.ReportMetric(rate(1)/rate(0), "vpcs/droplets")
 }
 
-// benchCreateEndpoints creates Endpoints in one /16 Subnet that already holds
-// existing endpoints: each create reads the subnet (from the cache), takes the
-// lowest free address from the in-memory index and claims it with the MAC.
-func (e *env) benchCreateEndpoints(b *testing.B, existing int) {
+// benchCreateEndpoints creates Endpoints in one /16 Subnet: each create reads
+// the subnet (from the cache), takes the lowest free address from the in-memory
+// index and claims it with the MAC, then stores the object.
+func (e *env) benchCreateEndpoints(b *testing.B) {
 	run := e.run.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -126,16 +194,8 @@ func (e *env) benchCreateEndpoints(b *testing.B, existing int) {
 	if _, err := c.Subnets().Create(ctx, fixtures.Subnet(subnet, vpc, fmt.Sprintf("10.%d.0.0/16", run%256)), metav1.CreateOptions{}); err != nil {
 		b.Fatalf("creating subnet: %v", err)
 	}
-	if b.N+existing > 65533 {
-		b.Fatalf("b.N=%d endpoints beside %d do not fit in one /16 subnet; use a smaller -benchtime", b.N, existing)
-	}
-	fill := func(ctx context.Context, i int) error {
-		name := fmt.Sprintf("fill-%d-%d", run, i)
-		_, err := c.Endpoints("bench").Create(ctx, fixtures.Endpoint("bench", name, subnet, ""), metav1.CreateOptions{})
-		return err
-	}
-	if _, err := concurrently(0, existing, workers, make([]time.Duration, existing), fill); err != nil {
-		b.Fatalf("filling the subnet: %v", err)
+	if b.N > 65533 {
+		b.Fatalf("b.N=%d endpoints do not fit in one /16 subnet; use a smaller -benchtime", b.N)
 	}
 	name := func(i int) string { return fmt.Sprintf("bench-%d-%d", run, i) }
 	e.benchCreate(b, run, "endpoints", name, func(ctx context.Context, i int) error {

@@ -7,6 +7,7 @@ package allocation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -26,6 +27,7 @@ import (
 
 	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
 	ac "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"
 	"mizar.dev/pkg/generated/clientset/versioned"
@@ -407,5 +409,56 @@ func TestNothingLeftAfterDelete(t *testing.T) {
 	must(t, c.Droplets().Delete(ctx, drop, metav1.DeleteOptions{}))
 	if after := strings.Join(claims(), "\n"); after != before {
 		t.Errorf("claims before:\n%s\nafter deleting everything created since:\n%s", before, after)
+	}
+}
+
+// TestOrphanedClaims: a claim whose owner was never stored (a server died between
+// claiming and writing) is taken over once older than claim.OrphanGrace; a
+// younger one may belong to a create still in flight: a requested value answers
+// 409, and allocation skips it.
+func TestOrphanedClaims(t *testing.T) {
+	ctx := testContext(t)
+	c := client().NetworkingV1alpha1()
+	_, sn := network(t, ctx, "10.95.0.0/16", "10.95.1.0/24")
+	ns := unique(t, "orphan")
+	_, err := c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "first", sn, "10.95.1.2"), metav1.CreateOptions{})
+	must(t, err)
+	etcdc, err := etcd.NewClient(storagebackend.TransportConfig{ServerList: []string{"unix://" + server.DataDir + "/etcd/client.sock"}})
+	must(t, err)
+	defer etcdc.Close()
+	resp, err := etcdc.Get(ctx, "/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	must(t, err)
+	var prefix string
+	for _, kv := range resp.Kvs {
+		if k, ok := strings.CutSuffix(string(kv.Key), "claims/ip/"+sn+"/10.95.1.2"); ok {
+			prefix = k + "claims/"
+		}
+	}
+	if prefix == "" {
+		t.Fatal("no claim found for the first endpoint")
+	}
+	orphan := func(ip string, age time.Duration) {
+		o := claim.Owner{Resource: "endpoints", Namespace: ns, Name: "never-stored-" + ip, UID: "gone", Time: time.Now().Add(-age)}
+		v, err := json.Marshal(o)
+		must(t, err)
+		_, err = etcdc.Put(ctx, prefix+"ip/"+sn+"/"+ip, string(v))
+		must(t, err)
+	}
+	orphan("10.95.1.3", claim.OrphanGrace+time.Minute)
+	orphan("10.95.1.4", time.Second)
+
+	// Old orphan: a requested address is taken over.
+	_, err = c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "takes-old", sn, "10.95.1.3"), metav1.CreateOptions{})
+	must(t, err)
+	// Young claim: maybe a create in flight; the client may retry later.
+	_, err = c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "takes-young", sn, "10.95.1.4"), metav1.CreateOptions{})
+	if !apierrors.IsConflict(err) {
+		t.Errorf("requesting an address claimed a second ago: %v, want 409", err)
+	}
+	// Allocation skips the young claim.
+	ep, err := c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "allocated", sn, ""), metav1.CreateOptions{})
+	must(t, err)
+	if ep.Spec.IP != "10.95.1.5" {
+		t.Errorf("allocated %s, want 10.95.1.5 (.2 and .3 are held, .4 is claimed by a create in flight)", ep.Spec.IP)
 	}
 }
