@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -47,6 +48,55 @@ type Options struct {
 	AlternateDNS []string
 	// EtcdUnsafeNoFsync makes the embedded etcd skip fsync; for tests only.
 	EtcdUnsafeNoFsync bool
+
+	// Shutdown is how the server stops on SIGTERM.
+	Shutdown ShutdownOptions
+}
+
+// ShutdownOptions are the graceful-termination settings of k8s.io/apiserver
+// that matter to mizar (kube-apiserver has the same flags).
+type ShutdownOptions struct {
+	// DelayDuration keeps serving after SIGTERM while /readyz fails, so a load
+	// balancer can take the replica out first.
+	DelayDuration time.Duration
+	// WatchTerminationGracePeriod ends open watches at shutdown (their clients
+	// see the stream close and re-watch elsewhere) and waits at most this long
+	// for them; 0 leaves them open until the HTTP server's own 60 s timeout.
+	WatchTerminationGracePeriod time.Duration
+	// SendRetryAfter keeps listening until in-flight requests drain, answering
+	// new ones 429 with Retry-After.
+	SendRetryAfter bool
+}
+
+// AddFlags registers the shutdown flags under kube-apiserver's names.
+func (s *ShutdownOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.DurationVar(&s.DelayDuration, "shutdown-delay-duration", s.DelayDuration,
+		"Time to keep serving after SIGTERM while /readyz fails, so a load balancer stops sending traffic here first. "+
+			"0 suits a single replica; behind a Service give it the endpoints' propagation time (a few seconds).")
+	fs.DurationVar(&s.WatchTerminationGracePeriod, "shutdown-watch-termination-grace-period", s.WatchTerminationGracePeriod,
+		"On shutdown, end every open watch (clients see the stream close and re-watch) and wait at most this long for them. "+
+			"0 leaves watches open, and shutdown then takes the HTTP server's 60 s timeout.")
+	fs.BoolVar(&s.SendRetryAfter, "shutdown-send-retry-after", s.SendRetryAfter,
+		"On shutdown, keep listening until in-flight requests drain, answering new requests 429 with Retry-After instead of refusing connections.")
+}
+
+// Validate reports shutdown settings that cannot work.
+func (s *ShutdownOptions) Validate() []error {
+	var errs []error
+	if s.DelayDuration < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay-duration must not be negative, got %v", s.DelayDuration))
+	}
+	if s.WatchTerminationGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-watch-termination-grace-period must not be negative, got %v", s.WatchTerminationGracePeriod))
+	}
+	return errs
+}
+
+// ApplyTo copies the settings into the server config.
+func (s *ShutdownOptions) ApplyTo(cfg *genericapiserver.Config) {
+	cfg.ShutdownDelayDuration = s.DelayDuration
+	cfg.ShutdownWatchTerminationGracePeriod = s.WatchTerminationGracePeriod
+	cfg.ShutdownSendRetryAfter = s.SendRetryAfter
 }
 
 // NewOptions returns the defaults.
@@ -54,6 +104,9 @@ func NewOptions() *Options {
 	o := &Options{
 		Recommended: genericoptions.NewRecommendedOptions(etcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
+		// Watches end at once on SIGTERM (with 2 s for the rate-limited drain), so
+		// a stop takes seconds, not the HTTP server's 60 s shutdown timeout.
+		Shutdown: ShutdownOptions{WatchTerminationGracePeriod: 2 * time.Second},
 	}
 	o.Recommended.Etcd.StorageConfig.EncodeVersioner = StorageVersions
 	o.Recommended.SecureServing.BindPort = defaultPort
@@ -65,6 +118,7 @@ func NewOptions() *Options {
 // AddFlags registers every option.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Recommended.AddFlags(fs)
+	o.Shutdown.AddFlags(fs)
 	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone,
 		"Serve on loopback only, without kube-apiserver: generate a CA, authenticate client certificates, and write an admin kubeconfig to <data-dir>/kubeconfig. --secure-port 0 picks a free port.")
@@ -111,7 +165,7 @@ func (o *Options) Run(ctx context.Context) error {
 		o.Recommended.Etcd.StorageConfig.Transport.ServerList = e.Endpoints()
 		klog.InfoS("Started embedded etcd", "dir", filepath.Join(o.DataDir, "etcd"))
 	}
-	if errs := o.Recommended.Validate(); len(errs) > 0 {
+	if errs := append(o.Recommended.Validate(), o.Shutdown.Validate()...); len(errs) > 0 {
 		return utilerrors.NewAggregate(errs)
 	}
 
@@ -129,6 +183,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return fmt.Errorf("applying options: %w", err)
 	}
+	o.Shutdown.ApplyTo(&cfg.Config)
 	if standalone != nil {
 		if cfg.Authorization.Authorizer, err = standaloneAuthorizer(); err != nil {
 			return err

@@ -30,6 +30,7 @@ type Server struct {
 // (v2 and v3: server-side apply and kubectl explain are built on the v3 models).
 func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 	c := genericapiserver.NewRecommendedConfig(Codecs)
+	c.BuildHandlerChainFunc = buildHandlerChain
 	namer := openapi.NewDefinitionNamer(Scheme)
 	c.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(generatedopenapi.GetOpenAPIDefinitions, namer)
 	c.OpenAPIConfig.Info.Title = "mizar"
