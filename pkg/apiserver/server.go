@@ -9,6 +9,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
+	"mizar.dev/pkg/etcd"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/registry"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
@@ -31,6 +32,8 @@ type Server struct {
 func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 	c := genericapiserver.NewRecommendedConfig(Codecs)
 	c.BuildHandlerChainFunc = buildHandlerChain
+	// A body etcd could never store is refused with 413 before it is decoded.
+	c.MaxRequestBodyBytes = etcd.MaxRequestBytes
 	namer := openapi.NewDefinitionNamer(Scheme)
 	c.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(generatedopenapi.GetOpenAPIDefinitions, namer)
 	c.OpenAPIConfig.Info.Title = "mizar"

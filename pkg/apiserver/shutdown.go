@@ -14,10 +14,11 @@ const shutdownEvent = `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v
 	`"message":"mizar-apiserver is shutting down; watch again (another replica, or this one once it is back)",` +
 	`"reason":"ServiceUnavailable","code":503}}` + "\n"
 
-// buildHandlerChain is the generic chain with withShutdownNotice innermost,
-// where the watch handler has just returned and the response is still open.
+// buildHandlerChain is the generic chain with mizar's filters innermost:
+// withShutdownNotice where the watch handler has just returned and the response
+// is still open, withJSONPatch where the body is about to be read.
 func buildHandlerChain(h http.Handler, c *genericapiserver.Config) http.Handler {
-	return genericapiserver.DefaultBuildHandlerChain(withShutdownNotice(h), c)
+	return genericapiserver.DefaultBuildHandlerChain(withShutdownNotice(withJSONPatch(h)), c)
 }
 
 // withShutdownNotice ends a JSON watch that the server closed because it is

@@ -35,9 +35,10 @@ type StorageProvider struct {
 func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (*genericapiserver.APIGroupInfo, error) {
 	info := genericapiserver.NewDefaultAPIGroupInfo(networking.GroupName, p.Scheme, metav1.ParameterCodec, p.Codecs)
 	storage := map[string]rest.Storage{}
+	checks := registry.ClientErrors{Encoder: p.Codecs.LegacyCodec(v1alpha1.SchemeGroupVersion)}
 	add := func(resource string, main *registry.REST, status *registry.StatusREST) {
-		storage[resource] = main
-		storage[resource+"/status"] = status
+		storage[resource] = checks.Wrap(main)
+		storage[resource+"/status"] = checks.WrapStatus(status)
 	}
 
 	vpcs, vpcStatus, err := vpc.NewREST(p.Scheme, optsGetter, p.Locker)
