@@ -28,8 +28,11 @@ import (
 )
 
 const (
-	etcdPrefix     = "/registry/mizar"
-	lockPrefix     = "/mizar/locks/"
+	// DefaultEtcdPrefix keeps mizar's keys out of kube-apiserver's /registry, so a
+	// shared etcd's backups and bulk deletes of /registry never catch them.
+	DefaultEtcdPrefix = "/mizar"
+	// oldEtcdPrefix is where releases before DefaultEtcdPrefix stored objects.
+	oldEtcdPrefix  = "/registry/mizar"
 	defaultPort    = 8443
 	kubeconfigName = "kubeconfig"
 )
@@ -51,7 +54,22 @@ type Options struct {
 
 	// Shutdown is how the server stops on SIGTERM.
 	Shutdown ShutdownOptions
+
+	// flags is the set AddFlags registered on, to tell set flags from defaults.
+	flags *pflag.FlagSet
 }
+
+// EtcdPrefix is the etcd key prefix everything of mizar's lives under (objects,
+// locks, claims): --etcd-prefix, DefaultEtcdPrefix unless set.
+func (o *Options) EtcdPrefix() string { return o.Recommended.Etcd.StorageConfig.Prefix }
+
+// etcdSubPrefix is the prefix of one kind of mizar's own records, e.g. "locks".
+func (o *Options) etcdSubPrefix(name string) string {
+	return strings.TrimSuffix(o.EtcdPrefix(), "/") + "/" + name + "/"
+}
+
+// set reports whether a flag was given on the command line.
+func (o *Options) set(name string) bool { return o.flags != nil && o.flags.Changed(name) }
 
 // ShutdownOptions are the graceful-termination settings of k8s.io/apiserver
 // that matter to mizar (kube-apiserver has the same flags).
@@ -102,7 +120,7 @@ func (s *ShutdownOptions) ApplyTo(cfg *genericapiserver.Config) {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	o := &Options{
-		Recommended: genericoptions.NewRecommendedOptions(etcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
+		Recommended: genericoptions.NewRecommendedOptions(DefaultEtcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
 		// Watches end at once on SIGTERM (with 2 s for the rate-limited drain), so
 		// a stop takes seconds, not the HTTP server's 60 s shutdown timeout.
@@ -117,8 +135,17 @@ func NewOptions() *Options {
 
 // AddFlags registers every option.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.flags = fs
 	o.Recommended.AddFlags(fs)
 	o.Shutdown.AddFlags(fs)
+	// The library's help says 0 disables serving; mizar needs a listener.
+	if f := fs.Lookup("secure-port"); f != nil {
+		f.Usage = "The port to serve HTTPS on. With --standalone, 0 picks a free port (the kubeconfig names it); " +
+			"behind kube-apiserver it must be the fixed port the APIService's Service targets."
+	}
+	if f := fs.Lookup("bind-address"); f != nil {
+		f.Usage += " With --standalone, only loopback addresses are accepted, and the default is 127.0.0.1."
+	}
 	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone,
 		"Serve on loopback only, without kube-apiserver: generate a CA, authenticate client certificates, and write an admin kubeconfig to <data-dir>/kubeconfig. --secure-port 0 picks a free port.")
@@ -143,6 +170,12 @@ func (o *Options) Run(ctx context.Context) error {
 	}()
 
 	// Settle the serving mode first: a mistake there is reported before anything starts.
+	if err := o.checkModeFlags(); err != nil {
+		return err
+	}
+	if errs := o.Shutdown.Validate(); len(errs) > 0 {
+		return utilerrors.NewAggregate(errs)
+	}
 	var standalone *standalonePKI
 	if o.Standalone {
 		p, err := o.configureStandalone()
@@ -165,7 +198,7 @@ func (o *Options) Run(ctx context.Context) error {
 		o.Recommended.Etcd.StorageConfig.Transport.ServerList = e.Endpoints()
 		klog.InfoS("Started embedded etcd", "dir", filepath.Join(o.DataDir, "etcd"))
 	}
-	if errs := append(o.Recommended.Validate(), o.Shutdown.Validate()...); len(errs) > 0 {
+	if errs := o.Recommended.Validate(); len(errs) > 0 {
 		return utilerrors.NewAggregate(errs)
 	}
 
@@ -174,7 +207,10 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanups = append(cleanups, func() { _ = client.Close() })
-	locker := etcd.NewLocker(client, lockPrefix)
+	if err := o.checkOldPrefix(ctx, client); err != nil {
+		return err
+	}
+	locker := etcd.NewLocker(client, o.etcdSubPrefix("locks"))
 	cleanups = append(cleanups, func() { _ = locker.Close() })
 
 	cfg := NewRecommendedConfig()
@@ -213,10 +249,12 @@ func (o *Options) configureStandalone() (*standalonePKI, error) {
 	r := o.Recommended
 	ss := r.SecureServing
 	switch {
-	case ss.BindAddress == nil || ss.BindAddress.IsUnspecified():
+	case !o.set("bind-address"):
+		// The library's default is every interface; standalone's is loopback.
 		ss.BindAddress = net.IPv4(127, 0, 0, 1)
-	case !ss.BindAddress.IsLoopback():
-		return nil, fmt.Errorf("--standalone serves on loopback only; --bind-address %s is not a loopback address", ss.BindAddress)
+	case ss.BindAddress == nil || !ss.BindAddress.IsLoopback():
+		return nil, fmt.Errorf("--standalone serves on loopback only (it has no authentication beyond its own CA's certificates); "+
+			"--bind-address %s is not a loopback address: use 127.0.0.1 or ::1, or run without --standalone behind kube-apiserver", ss.BindAddress)
 	}
 	if ss.ServerCert.CertKey.CertFile != "" {
 		return nil, errors.New("--standalone issues its own serving certificate; drop --tls-cert-file/--tls-private-key-file")
@@ -284,6 +322,10 @@ func (o *Options) configureAggregated() error {
 		}
 	}
 	ss := r.SecureServing
+	if ss.Listener == nil && ss.BindPort == 0 {
+		return errors.New("--secure-port 0 picks a free port only with --standalone; behind kube-apiserver the APIService's " +
+			"Service targets a fixed port, so give one (default 8443)")
+	}
 	if ss.ServerCert.CertDirectory == "" {
 		ss.ServerCert.CertDirectory = filepath.Join(o.DataDir, "serving-certs")
 	}
