@@ -189,6 +189,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 
+	etcd.QuietGRPCLog()
 	if len(o.Recommended.Etcd.StorageConfig.Transport.ServerList) == 0 {
 		e, err := etcd.StartEmbedded(etcd.EmbeddedOptions{Dir: filepath.Join(o.DataDir, "etcd"), UnsafeNoFsync: o.EtcdUnsafeNoFsync})
 		if err != nil {
