@@ -9,13 +9,16 @@ GO ?= go
 BIN := _output/bin
 export MIZAR_APISERVER := $(abspath $(BIN)/mizar-apiserver)
 
-.PHONY: all build test deps up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver
+.PHONY: all build test deps up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver require-kubectl
 
 all: build
 
+# -v names each package as it compiles (cached ones are silent): a cold build
+# shows a running count instead of minutes of silence; errors pass through.
 build:
-	$(GO) build ./...
-	$(GO) build -o $(BIN)/mizar-apiserver ./cmd/apiserver
+	@echo "go build ./... (a cold build compiles ~1500 packages: a few minutes on 2 cores)"
+	$(GO) build -v ./... 2>&1 | hack/build-progress.sh
+	$(GO) build -v -o $(BIN)/mizar-apiserver ./cmd/apiserver 2>&1 | hack/build-progress.sh
 
 # Debian packages the tests need (clang-19 for the BPF staleness check,
 # iproute2/iperf3/tshark/... for the netns tests). Idempotent.
@@ -25,8 +28,12 @@ deps:
 test: deps build verify
 	$(GO) test -count=1 ./...
 
-up: build
+# kubectl is checked first, so a missing one fails before minutes of building.
+up: require-kubectl build
 	hack/up.sh
+
+require-kubectl:
+	@hack/require-kubectl.sh
 
 down:
 	hack/down.sh

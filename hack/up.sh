@@ -10,6 +10,11 @@ PORT=${MIZAR_PORT:-0}
 pidfile=$DATA/mizar-apiserver.pid
 log=$DATA/mizar-apiserver.log
 export KUBECONFIG=$DATA/kubeconfig
+KUBECTL=${KUBECTL:-kubectl}
+
+# Without kubectl nothing below can talk to the server: say so before starting it.
+"$ROOT/hack/require-kubectl.sh"
+kubectl() { command "$KUBECTL" "$@"; }
 
 mkdir -p "$DATA"
 if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
@@ -29,7 +34,12 @@ else
     [[ -f $KUBECONFIG ]] && kubectl get --raw /readyz >/dev/null 2>&1 && break
     sleep 0.5
   done
-  kubectl get --raw /readyz >/dev/null || { echo "mizar-apiserver did not become ready; see $log" >&2; exit 1; }
+  if ! kubectl get --raw /readyz >/dev/null; then
+    echo "mizar-apiserver did not become ready within 60 s; stopping it. Last lines of $log:" >&2
+    tail -20 "$log" >&2
+    "$ROOT/hack/down.sh" >&2
+    exit 1
+  fi
 fi
 
 echo

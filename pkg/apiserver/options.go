@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -28,7 +29,11 @@ import (
 )
 
 const (
-	etcdPrefix     = "/registry/mizar"
+	// DefaultEtcdPrefix keeps mizar's keys out of kube-apiserver's /registry, so a
+	// shared etcd's backups and bulk deletes of /registry never catch them.
+	DefaultEtcdPrefix = "/mizar"
+	// oldEtcdPrefix is where releases before DefaultEtcdPrefix stored objects.
+	oldEtcdPrefix  = "/registry/mizar"
 	defaultPort    = 8443
 	kubeconfigName = "kubeconfig"
 )
@@ -50,13 +55,80 @@ type Options struct {
 	// WrapStorage, when set, wraps each resource's storage (tests inject faults
 	// with it; no flag sets it).
 	WrapStorage StorageWrapper
+
+	// Shutdown is how the server stops on SIGTERM.
+	Shutdown ShutdownOptions
+
+	// flags is the set AddFlags registered on, to tell set flags from defaults.
+	flags *pflag.FlagSet
+}
+
+// EtcdPrefix is the etcd key prefix everything of mizar's lives under (objects,
+// locks, claims): --etcd-prefix, DefaultEtcdPrefix unless set.
+func (o *Options) EtcdPrefix() string { return o.Recommended.Etcd.StorageConfig.Prefix }
+
+// etcdSubPrefix is the prefix of one kind of mizar's own records, e.g. "locks".
+func (o *Options) etcdSubPrefix(name string) string {
+	return strings.TrimSuffix(o.EtcdPrefix(), "/") + "/" + name + "/"
+}
+
+// set reports whether a flag was given on the command line.
+func (o *Options) set(name string) bool { return o.flags != nil && o.flags.Changed(name) }
+
+// ShutdownOptions are the graceful-termination settings of k8s.io/apiserver
+// that matter to mizar (kube-apiserver has the same flags).
+type ShutdownOptions struct {
+	// DelayDuration keeps serving after SIGTERM while /readyz fails, so a load
+	// balancer can take the replica out first.
+	DelayDuration time.Duration
+	// WatchTerminationGracePeriod ends open watches at shutdown (their clients
+	// see the stream close and re-watch elsewhere) and waits at most this long
+	// for them; 0 leaves them open until the HTTP server's own 60 s timeout.
+	WatchTerminationGracePeriod time.Duration
+	// SendRetryAfter keeps listening until in-flight requests drain, answering
+	// new ones 429 with Retry-After.
+	SendRetryAfter bool
+}
+
+// AddFlags registers the shutdown flags under kube-apiserver's names.
+func (s *ShutdownOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.DurationVar(&s.DelayDuration, "shutdown-delay-duration", s.DelayDuration,
+		"Time to keep serving after SIGTERM while /readyz fails, so a load balancer stops sending traffic here first. "+
+			"0 suits a single replica; behind a Service give it the endpoints' propagation time (a few seconds).")
+	fs.DurationVar(&s.WatchTerminationGracePeriod, "shutdown-watch-termination-grace-period", s.WatchTerminationGracePeriod,
+		"On shutdown, end every open watch (clients see the stream close and re-watch) and wait at most this long for them. "+
+			"0 leaves watches open, and shutdown then takes the HTTP server's 60 s timeout.")
+	fs.BoolVar(&s.SendRetryAfter, "shutdown-send-retry-after", s.SendRetryAfter,
+		"On shutdown, keep listening until in-flight requests drain, answering new requests 429 with Retry-After instead of refusing connections.")
+}
+
+// Validate reports shutdown settings that cannot work.
+func (s *ShutdownOptions) Validate() []error {
+	var errs []error
+	if s.DelayDuration < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay-duration must not be negative, got %v", s.DelayDuration))
+	}
+	if s.WatchTerminationGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-watch-termination-grace-period must not be negative, got %v", s.WatchTerminationGracePeriod))
+	}
+	return errs
+}
+
+// ApplyTo copies the settings into the server config.
+func (s *ShutdownOptions) ApplyTo(cfg *genericapiserver.Config) {
+	cfg.ShutdownDelayDuration = s.DelayDuration
+	cfg.ShutdownWatchTerminationGracePeriod = s.WatchTerminationGracePeriod
+	cfg.ShutdownSendRetryAfter = s.SendRetryAfter
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	o := &Options{
-		Recommended: genericoptions.NewRecommendedOptions(etcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
+		Recommended: genericoptions.NewRecommendedOptions(DefaultEtcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
+		// Watches end at once on SIGTERM (with 2 s for the rate-limited drain), so
+		// a stop takes seconds, not the HTTP server's 60 s shutdown timeout.
+		Shutdown: ShutdownOptions{WatchTerminationGracePeriod: 2 * time.Second},
 	}
 	o.Recommended.Etcd.StorageConfig.EncodeVersioner = StorageVersions
 	o.Recommended.SecureServing.BindPort = defaultPort
@@ -67,7 +139,17 @@ func NewOptions() *Options {
 
 // AddFlags registers every option.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.flags = fs
 	o.Recommended.AddFlags(fs)
+	o.Shutdown.AddFlags(fs)
+	// The library's help says 0 disables serving; mizar needs a listener.
+	if f := fs.Lookup("secure-port"); f != nil {
+		f.Usage = "The port to serve HTTPS on. With --standalone, 0 picks a free port (the kubeconfig names it); " +
+			"behind kube-apiserver it must be the fixed port the APIService's Service targets."
+	}
+	if f := fs.Lookup("bind-address"); f != nil {
+		f.Usage += " With --standalone, only loopback addresses are accepted, and the default is 127.0.0.1."
+	}
 	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone,
 		"Serve on loopback only, without kube-apiserver: generate a CA, authenticate client certificates, and write an admin kubeconfig to <data-dir>/kubeconfig. --secure-port 0 picks a free port.")
@@ -92,6 +174,12 @@ func (o *Options) Run(ctx context.Context) error {
 	}()
 
 	// Settle the serving mode first: a mistake there is reported before anything starts.
+	if err := o.checkModeFlags(); err != nil {
+		return err
+	}
+	if errs := o.Shutdown.Validate(); len(errs) > 0 {
+		return utilerrors.NewAggregate(errs)
+	}
 	var standalone *standalonePKI
 	if o.Standalone {
 		p, err := o.configureStandalone()
@@ -105,6 +193,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 
+	etcd.QuietGRPCLog()
 	if len(o.Recommended.Etcd.StorageConfig.Transport.ServerList) == 0 {
 		e, err := etcd.StartEmbedded(etcd.EmbeddedOptions{Dir: filepath.Join(o.DataDir, "etcd"), UnsafeNoFsync: o.EtcdUnsafeNoFsync})
 		if err != nil {
@@ -123,8 +212,11 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanups = append(cleanups, func() { _ = client.Close() })
+	if err := o.checkOldPrefix(ctx, client); err != nil {
+		return err
+	}
 	// Claims live beside the objects, under the same --etcd-prefix.
-	claims := claim.NewStore(client, strings.TrimSuffix(o.Recommended.Etcd.StorageConfig.Prefix, "/")+"/claims/")
+	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
 
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
@@ -135,6 +227,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
 	}
+	o.Shutdown.ApplyTo(&cfg.Config)
 	if standalone != nil {
 		if cfg.Authorization.Authorizer, err = standaloneAuthorizer(); err != nil {
 			return err
@@ -164,10 +257,12 @@ func (o *Options) configureStandalone() (*standalonePKI, error) {
 	r := o.Recommended
 	ss := r.SecureServing
 	switch {
-	case ss.BindAddress == nil || ss.BindAddress.IsUnspecified():
+	case !o.set("bind-address"):
+		// The library's default is every interface; standalone's is loopback.
 		ss.BindAddress = net.IPv4(127, 0, 0, 1)
-	case !ss.BindAddress.IsLoopback():
-		return nil, fmt.Errorf("--standalone serves on loopback only; --bind-address %s is not a loopback address", ss.BindAddress)
+	case ss.BindAddress == nil || !ss.BindAddress.IsLoopback():
+		return nil, fmt.Errorf("--standalone serves on loopback only (it has no authentication beyond its own CA's certificates); "+
+			"--bind-address %s is not a loopback address: use 127.0.0.1 or ::1, or run without --standalone behind kube-apiserver", ss.BindAddress)
 	}
 	if ss.ServerCert.CertKey.CertFile != "" {
 		return nil, errors.New("--standalone issues its own serving certificate; drop --tls-cert-file/--tls-private-key-file")
@@ -235,6 +330,10 @@ func (o *Options) configureAggregated() error {
 		}
 	}
 	ss := r.SecureServing
+	if ss.Listener == nil && ss.BindPort == 0 {
+		return errors.New("--secure-port 0 picks a free port only with --standalone; behind kube-apiserver the APIService's " +
+			"Service targets a fixed port, so give one (default 8443)")
+	}
 	if ss.ServerCert.CertDirectory == "" {
 		ss.ServerCert.CertDirectory = filepath.Join(o.DataDir, "serving-certs")
 	}

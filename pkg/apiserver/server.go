@@ -11,6 +11,7 @@ import (
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
 	"mizar.dev/pkg/claim"
+	"mizar.dev/pkg/etcd"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/registry"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
@@ -36,6 +37,9 @@ type Server struct {
 // (v2 and v3: server-side apply and kubectl explain are built on the v3 models).
 func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 	c := genericapiserver.NewRecommendedConfig(Codecs)
+	c.BuildHandlerChainFunc = buildHandlerChain
+	// A body etcd could never store is refused with 413 before it is decoded.
+	c.MaxRequestBodyBytes = etcd.MaxRequestBytes
 	namer := openapi.NewDefinitionNamer(Scheme)
 	c.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(generatedopenapi.GetOpenAPIDefinitions, namer)
 	c.OpenAPIConfig.Info.Title = "mizar"

@@ -13,6 +13,11 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
+// MaxRequestBytes is the largest request the embedded member accepts: etcd's
+// default, set explicitly because the apiserver caps bodies and objects below it.
+// An external etcd must allow at least as much (--max-request-bytes).
+const MaxRequestBytes = 3 << 19 // 1.5 MiB
+
 // maxSocketPath is the kernel's limit on a unix socket path (sun_path less the NUL).
 const maxSocketPath = 107
 
@@ -56,6 +61,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	cfg.Name = "mizar"
 	cfg.Dir = filepath.Join(dir, "data")
 	cfg.UnsafeNoFsync = opts.UnsafeNoFsync
+	cfg.MaxRequestBytes = MaxRequestBytes
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(e.logger())
 	cfg.ListenClientUrls = []url.URL{{Scheme: "unix", Path: client}}
 	// Only gRPC clients talk to it; the JSON gateway would dial the socket itself

@@ -52,11 +52,13 @@ func (s *strategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old runtim
 }
 
 func (s *strategy[T, S, St]) Validate(_ context.Context, obj runtime.Object) field.ErrorList {
-	return s.kind.Validate(must[T](obj))
+	t := must[T](obj)
+	return append(s.kind.Validate(t), validateSize(obj, s.kind.Status(t))...)
 }
 
 func (s *strategy[T, S, St]) ValidateUpdate(_ context.Context, obj, old runtime.Object) field.ErrorList {
-	return s.kind.ValidateUpdate(must[T](obj), must[T](old))
+	t := must[T](obj)
+	return append(s.kind.ValidateUpdate(t, must[T](old)), validateSize(obj, s.kind.Status(t))...)
 }
 
 func (s *strategy[T, S, St]) WarningsOnCreate(context.Context, runtime.Object) []string { return nil }
@@ -93,8 +95,10 @@ func (s *statusStrategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old 
 }
 
 func (s *statusStrategy[T, S, St]) ValidateUpdate(_ context.Context, obj, old runtime.Object) field.ErrorList {
+	t := must[T](obj)
 	errs := apimachineryvalidation.ValidateObjectMetaUpdate(objectMeta(obj), objectMeta(old), field.NewPath("metadata"))
-	return append(errs, s.kind.ValidateStatus(must[T](obj))...)
+	errs = append(errs, s.kind.ValidateStatus(t)...)
+	return append(errs, validateSize(obj, s.kind.Status(t))...)
 }
 
 func (s *statusStrategy[T, S, St]) WarningsOnUpdate(context.Context, runtime.Object, runtime.Object) []string {

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/test/integration/fixtures"
 )
@@ -33,10 +34,10 @@ const (
 	idleWatchers = 100
 	// opTimeout bounds one create or one wait for a watch event.
 	opTimeout = 30 * time.Second
-	// benchPrefix keeps the baseline's keys out of the apiserver's /registry/mizar.
+	// benchPrefix keeps the baseline's keys out of the apiserver's own prefix.
 	benchPrefix = "/mizar-bench/"
 	// registryPrefix is where the server stores objects (--etcd-prefix's default for mizar).
-	registryPrefix = "/registry/mizar/"
+	registryPrefix = apiserver.DefaultEtcdPrefix + "/"
 )
 
 // env is one server and a raw client of its etcd.

@@ -392,9 +392,15 @@ type background struct {
 
 func startKubectl(t *testing.T, args ...string) *background {
 	t.Helper()
+	return startKubectlOn(t, srv.kubeconfig, args...)
+}
+
+// startKubectlOn is startKubectl against the server kubeconfig names.
+func startKubectlOn(t *testing.T, kubeconfig string, args ...string) *background {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), kubectlTimeout)
 	b := &background{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	b.cmd = exec.CommandContext(ctx, kubectlBin, append([]string{"--kubeconfig", srv.kubeconfig, "--cache-dir", kubectlCache}, args...)...)
+	b.cmd = exec.CommandContext(ctx, kubectlBin, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", kubectlCache}, args...)...)
 	b.cmd.Stdout, b.cmd.Stderr = b.stdout, b.stderr
 	if err := b.cmd.Start(); err != nil {
 		cancel()

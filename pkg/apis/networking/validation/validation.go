@@ -38,6 +38,19 @@ var (
 	metaPath   = field.NewPath("metadata")
 
 	validPhases = sets.New(networking.PhaseInit, networking.PhaseProvisioned, networking.PhaseTerminating, networking.PhaseFailed)
+
+	// reservedRanges are IPv4 ranges whose addresses cannot be unicast hosts of a
+	// VPC: a CIDR overlapping one of them could hand such an address to a pod.
+	reservedRanges = []struct {
+		prefix netip.Prefix
+		what   string
+	}{
+		{netip.MustParsePrefix("0.0.0.0/8"), "the unspecified \"this network\" range 0.0.0.0/8"},
+		{netip.MustParsePrefix("127.0.0.0/8"), "the loopback range 127.0.0.0/8"},
+		{netip.MustParsePrefix("169.254.0.0/16"), "the link-local range 169.254.0.0/16"},
+		{netip.MustParsePrefix("224.0.0.0/4"), "the multicast range 224.0.0.0/4"},
+		{netip.MustParsePrefix("240.0.0.0/4"), "the reserved range 240.0.0.0/4 (with the broadcast address 255.255.255.255)"},
+	}
 )
 
 // ValidateVpc validates a VPC on create.
@@ -70,6 +83,9 @@ func ValidateSubnet(s *networking.Subnet) field.ErrorList {
 	errs = append(errs, validateCount(s.Spec.Bouncers, MaxBouncers, specPath.Child("bouncers"))...)
 	gwPath := specPath.Child("gateway")
 	switch gwErrs := validateIPv4(s.Spec.Gateway, gwPath); {
+	case s.Spec.Gateway == "" && len(cidrErrs) > 0:
+		// The gateway defaults from a valid CIDR; its absence is the CIDR's fault,
+		// already reported.
 	case s.Spec.Gateway == "":
 		errs = append(errs, field.Required(gwPath, "defaults to the first address of spec.cidr"))
 	case len(gwErrs) > 0:
@@ -198,7 +214,7 @@ func ValidateEndpointAddress(ep *networking.Endpoint, subnet *networking.Subnet)
 func ValidateDroplet(d *networking.Droplet) field.ErrorList {
 	errs := validateMeta(&d.ObjectMeta, false)
 	errs = append(errs, validateReference(d.Spec.Node, true, specPath.Child("node"))...)
-	errs = append(errs, validateIPv4(d.Spec.IP, specPath.Child("ip"))...)
+	errs = append(errs, validateHostIPv4(d.Spec.IP, specPath.Child("ip"))...)
 	errs = append(errs, validateMAC(d.Spec.MAC, specPath.Child("mac"))...)
 	errs = append(errs, validateInterfaceName(d.Spec.Interface, specPath.Child("interface"))...)
 	return errs
@@ -268,7 +284,34 @@ func validateCIDR(value string, path *field.Path) field.ErrorList {
 	if p.Bits() > MaxPrefixLength {
 		return field.ErrorList{field.Invalid(path, value, fmt.Sprintf("prefix length must be at most /%d", MaxPrefixLength))}
 	}
+	for _, r := range reservedRanges {
+		if r.prefix.Overlaps(p) {
+			return field.ErrorList{field.Invalid(path, value, "must hold unicast host addresses only; it overlaps "+r.what)}
+		}
+	}
 	return nil
+}
+
+// validateHostIPv4 accepts an IPv4 address a host can have as its own unicast address.
+func validateHostIPv4(value string, path *field.Path) field.ErrorList {
+	if errs := validateIPv4(value, path); len(errs) > 0 {
+		return errs
+	}
+	a := netip.MustParseAddr(value)
+	var problem string
+	switch {
+	case a.IsUnspecified():
+		problem = "is the unspecified address"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		problem = "is the broadcast address"
+	case a.IsMulticast():
+		problem = "is a multicast address"
+	case a.IsLoopback():
+		problem = "is a loopback address"
+	default:
+		return nil
+	}
+	return field.ErrorList{field.Invalid(path, value, problem+"; a droplet needs a unicast address other hosts can reach")}
 }
 
 func validateIPv4(value string, path *field.Path) field.ErrorList {
@@ -292,6 +335,9 @@ func validateMAC(value string, path *field.Path) field.ErrorList {
 	hw, err := net.ParseMAC(value)
 	if err != nil || len(hw) != 6 || strings.Count(value, ":") != 5 {
 		return field.ErrorList{field.Invalid(path, value, "must be a 48-bit MAC address written as six colon-separated hex bytes")}
+	}
+	if [6]byte(hw) == [6]byte{} {
+		return field.ErrorList{field.Invalid(path, value, "must not be all zeros (00:00:00:00:00:00 is no interface's address)")}
 	}
 	if hw[0]&1 != 0 {
 		return field.ErrorList{field.Invalid(path, value, "must be a unicast address (the low bit of the first byte is clear)")}

@@ -38,9 +38,10 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 	info := genericapiserver.NewDefaultAPIGroupInfo(networking.GroupName, p.Scheme, metav1.ParameterCodec, p.Codecs)
 	storage := map[string]rest.Storage{}
 	var repairers []registry.Repairer
+	checks := registry.ClientErrors{Encoder: p.Codecs.LegacyCodec(v1alpha1.SchemeGroupVersion)}
 	add := func(resource string, main *registry.REST, status *registry.StatusREST) {
-		storage[resource] = main
-		storage[resource+"/status"] = status
+		storage[resource] = checks.Wrap(main)
+		storage[resource+"/status"] = checks.WrapStatus(status)
 		repairers = append(repairers, main)
 	}
 
