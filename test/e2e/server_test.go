@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,7 +43,12 @@ func startServer(dataDir string, extra ...string) (*server, error) {
 	if err := os.Remove(s.kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing the previous kubeconfig: %w", err)
 	}
-	s.cmd = exec.Command(apiserverBin, append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync"}, extra...)...)
+	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}, extra...)
+	if !slices.Contains(extra, "--etcd-servers") {
+		// Only the embedded etcd has the flag (it is refused beside --etcd-servers).
+		args = append(args, "--embedded-etcd-unsafe-no-fsync")
+	}
+	s.cmd = exec.Command(apiserverBin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	dieWithTest(s.cmd)
 	if err := s.cmd.Start(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -64,7 +65,11 @@ func NewWithOptions(dataDir string, adjust func(*apiserver.Options), flags ...st
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync"}, flags...)
+	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}, flags...)
+	if !slices.Contains(flags, "--etcd-servers") {
+		// Only the embedded etcd has the flag (it is refused beside --etcd-servers).
+		args = append(args, "--embedded-etcd-unsafe-no-fsync")
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

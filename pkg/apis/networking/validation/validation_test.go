@@ -101,13 +101,6 @@ func TestValidateVpcUpdate(t *testing.T) {
 	}
 }
 
-func TestValidateVpcRelations(t *testing.T) {
-	v := &networking.Vpc{ObjectMeta: meta("a", ""), Spec: networking.VpcSpec{VNI: 9}}
-	check(t, ValidateVpcRelations(v, []networking.Vpc{{ObjectMeta: meta("a", ""), Spec: networking.VpcSpec{VNI: 9}}}), want{})
-	check(t, ValidateVpcRelations(v, []networking.Vpc{{ObjectMeta: meta("b", ""), Spec: networking.VpcSpec{VNI: 9}}}),
-		want{"spec.vni", field.ErrorTypeDuplicate, "VPC b"})
-}
-
 func TestValidateSubnet(t *testing.T) {
 	ok := func() *networking.Subnet {
 		return &networking.Subnet{ObjectMeta: meta("s", ""), Spec: networking.SubnetSpec{VPC: "v", CIDR: "10.0.1.0/24", Bouncers: 1, Gateway: "10.0.1.1"}}
@@ -167,31 +160,28 @@ func TestValidateSubnetUpdate(t *testing.T) {
 func TestValidateSubnetRelations(t *testing.T) {
 	vpc := &networking.Vpc{ObjectMeta: meta("v", ""), Spec: networking.VpcSpec{CIDR: "10.0.0.0/16"}}
 	s := &networking.Subnet{ObjectMeta: meta("s", ""), Spec: networking.SubnetSpec{VPC: "v", CIDR: "10.0.1.0/24"}}
-	sibling := networking.Subnet{ObjectMeta: meta("t", ""), Spec: networking.SubnetSpec{VPC: "v", CIDR: "10.0.1.128/25"}}
-	otherVPC := networking.Subnet{ObjectMeta: meta("u", ""), Spec: networking.SubnetSpec{VPC: "w", CIDR: "10.0.1.0/24"}}
 	deleting := vpc.DeepCopy()
 	deleting.DeletionTimestamp = &metav1.Time{}
 	outside := s.DeepCopy()
 	outside.Spec.CIDR = "10.1.0.0/24"
 	larger := s.DeepCopy()
 	larger.Spec.CIDR = "10.0.0.0/15"
+	// Overlap with siblings is the claim of the range (test/integration/allocation).
 	tests := []struct {
-		name     string
-		s        *networking.Subnet
-		vpc      *networking.Vpc
-		siblings []networking.Subnet
-		want     want
+		name string
+		s    *networking.Subnet
+		vpc  *networking.Vpc
+		want want
 	}{
-		{"valid", s, vpc, []networking.Subnet{*s, otherVPC}, want{}},
-		{"vpc missing", s, nil, nil, want{"spec.vpc", field.ErrorTypeNotFound, ""}},
-		{"vpc being deleted", s, deleting, nil, want{"spec.vpc", field.ErrorTypeForbidden, "being deleted"}},
-		{"outside vpc", outside, vpc, nil, want{"spec.cidr", field.ErrorTypeInvalid, "inside VPC v"}},
-		{"larger than vpc", larger, vpc, nil, want{"spec.cidr", field.ErrorTypeInvalid, "inside VPC v"}},
-		{"overlaps sibling", s, vpc, []networking.Subnet{sibling}, want{"spec.cidr", field.ErrorTypeInvalid, "overlaps subnet t"}},
+		{"valid", s, vpc, want{}},
+		{"vpc missing", s, nil, want{"spec.vpc", field.ErrorTypeNotFound, ""}},
+		{"vpc being deleted", s, deleting, want{"spec.vpc", field.ErrorTypeForbidden, "being deleted"}},
+		{"outside vpc", outside, vpc, want{"spec.cidr", field.ErrorTypeInvalid, "inside VPC v"}},
+		{"larger than vpc", larger, vpc, want{"spec.cidr", field.ErrorTypeInvalid, "inside VPC v"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			check(t, ValidateSubnetRelations(tc.s, tc.vpc, tc.siblings), tc.want)
+			check(t, ValidateSubnetRelations(tc.s, tc.vpc), tc.want)
 		})
 	}
 }
@@ -278,26 +268,28 @@ func TestValidateEndpointUpdateAndRelations(t *testing.T) {
 	deleting := subnet.DeepCopy()
 	deleting.DeletionTimestamp = &metav1.Time{}
 	ip := func(a string) *networking.Endpoint { e := old.DeepCopy(); e.Spec.IP = a; return e }
-	peer := networking.Endpoint{ObjectMeta: meta("p", "other"), Spec: networking.EndpointSpec{Subnet: "s", IP: "10.0.1.5"}}
 	tests := []struct {
 		name   string
 		ep     *networking.Endpoint
 		subnet *networking.Subnet
-		peers  []networking.Endpoint
 		want   want
 	}{
-		{"valid", old, subnet, []networking.Endpoint{*old}, want{}},
-		{"subnet missing", old, nil, nil, want{"spec.subnet", field.ErrorTypeNotFound, ""}},
-		{"subnet being deleted", old, deleting, nil, want{"spec.subnet", field.ErrorTypeForbidden, "being deleted"}},
-		{"outside subnet", ip("10.0.2.5"), subnet, nil, want{"spec.ip", field.ErrorTypeInvalid, "inside 10.0.1.0/24"}},
-		{"network address", ip("10.0.1.0"), subnet, nil, want{"spec.ip", field.ErrorTypeInvalid, "network address"}},
-		{"broadcast", ip("10.0.1.255"), subnet, nil, want{"spec.ip", field.ErrorTypeInvalid, "broadcast"}},
-		{"gateway", ip("10.0.1.1"), subnet, nil, want{"spec.ip", field.ErrorTypeInvalid, "gateway"}},
-		{"duplicate", old, subnet, []networking.Endpoint{peer}, want{"spec.ip", field.ErrorTypeDuplicate, "other/p"}},
+		{"valid", old, subnet, want{}},
+		{"subnet missing", old, nil, want{"spec.subnet", field.ErrorTypeNotFound, ""}},
+		{"subnet being deleted", old, deleting, want{"spec.subnet", field.ErrorTypeForbidden, "being deleted"}},
+		{"outside subnet", ip("10.0.2.5"), subnet, want{"spec.ip", field.ErrorTypeInvalid, "inside 10.0.1.0/24"}},
+		{"network address", ip("10.0.1.0"), subnet, want{"spec.ip", field.ErrorTypeInvalid, "network address"}},
+		{"broadcast", ip("10.0.1.255"), subnet, want{"spec.ip", field.ErrorTypeInvalid, "broadcast"}},
+		{"gateway", ip("10.0.1.1"), subnet, want{"spec.ip", field.ErrorTypeInvalid, "gateway"}},
 	}
+	// Uniqueness of the address is its claim (test/integration/allocation).
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			check(t, ValidateEndpointRelations(tc.ep, tc.subnet, tc.peers), tc.want)
+			errs := ValidateEndpointSubnet(tc.ep, tc.subnet)
+			if len(errs) == 0 {
+				errs = ValidateEndpointAddress(tc.ep, tc.subnet)
+			}
+			check(t, errs, tc.want)
 		})
 	}
 }
