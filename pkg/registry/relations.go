@@ -13,22 +13,7 @@ import (
 // GetLatest reads the current state of one object (nil when absent). An empty
 // resourceVersion makes the read consistent with etcd.
 func GetLatest[T any](ctx context.Context, store *genericregistry.Store, namespace, name string) (*T, error) {
-	return get[T](ctx, store, namespace, name, "")
-}
-
-// GetCached reads one object from the watch cache, and consistently from etcd
-// when the cache does not have it (yet): for objects whose fields that matter
-// never change, so only their existence can be stale.
-func GetCached[T any](ctx context.Context, store *genericregistry.Store, namespace, name string) (*T, error) {
-	t, err := get[T](ctx, store, namespace, name, "0")
-	if t != nil || err != nil {
-		return t, err
-	}
-	return GetLatest[T](ctx, store, namespace, name)
-}
-
-func get[T any](ctx context.Context, store *genericregistry.Store, namespace, name, rv string) (*T, error) {
-	obj, err := store.Get(genericapirequest.WithNamespace(ctx, namespace), name, &metav1.GetOptions{ResourceVersion: rv})
+	obj, err := store.Get(genericapirequest.WithNamespace(ctx, namespace), name, &metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}

@@ -49,24 +49,34 @@ func (a *acked) add(subnet, name string) {
 	a.times[subnet] = append(a.times[subnet], time.Now())
 }
 
-// storm creates endpoints in the subnets from workers goroutines per client
-// until ctx ends, and records each acknowledged create.
-func storm(ctx context.Context, clients []versioned.Interface, ns string, subnets []string, workers int, a *acked) *sync.WaitGroup {
+// storm starts an endpoint create in the subnets every interval per client, each
+// in its own goroutine (open loop: a create stuck on a failing etcd holds up
+// only itself), until ctx ends, and records each acknowledged create.
+func storm(ctx context.Context, clients []versioned.Interface, ns string, subnets []string, interval time.Duration, a *acked) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for ci, c := range clients {
-		for w := range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; ctx.Err() == nil; i++ {
-					sn := subnets[(w+i)%len(subnets)]
-					name := fmt.Sprintf("c%d-w%d-%d", ci, w, i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				sn := subnets[i%len(subnets)]
+				name := fmt.Sprintf("c%d-%d", ci, i)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
 					if _, err := c.NetworkingV1alpha1().Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, name, sn, ""), metav1.CreateOptions{}); err == nil {
 						a.add(sn, name)
 					}
-				}
-			}()
-		}
+				}()
+			}
+		}()
 	}
 	return &wg
 }
@@ -133,7 +143,7 @@ func TestCrashUnderCreateStorm(t *testing.T) {
 
 	var a acked
 	stormCtx, stopStorm := context.WithCancel(ctx)
-	wg := storm(stormCtx, []versioned.Interface{c}, "default", subnets, 8, &a)
+	wg := storm(stormCtx, []versioned.Interface{c}, "default", subnets, 2*time.Millisecond, &a)
 	time.Sleep(1500 * time.Millisecond)
 	s.kill()
 	stopStorm()

@@ -123,7 +123,7 @@ func (c *etcdCluster) leader(dead int) int {
 		if i == dead {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		st, err := c.client.Status(ctx, ep)
 		cancel()
 		if err != nil || st.Leader == 0 {
@@ -131,7 +131,7 @@ func (c *etcdCluster) leader(dead int) int {
 		}
 		l := -1
 		for j, ep := range c.endpoints {
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			o, err := c.client.Status(ctx, ep)
 			cancel()
 			if j != dead && err == nil && o.Header.MemberId == st.Leader {
@@ -190,10 +190,13 @@ func TestEtcdLeaderLossUnderCreateStorm(t *testing.T) {
 	var a acked
 	stormCtx, stopStorm := context.WithCancel(ctx)
 	started := time.Now()
-	wg := storm(stormCtx, clients, "default", subnets, 4, &a)
+	wg := storm(stormCtx, clients, "default", subnets, 5*time.Millisecond, &a)
 	time.Sleep(2 * time.Second)
 
-	old := cluster.leader(-1)
+	old := -1
+	for deadline := time.Now().Add(10 * time.Second); old < 0 && time.Now().Before(deadline); {
+		old = cluster.leader(-1)
+	}
 	if old < 0 {
 		t.Fatal("the etcd cluster has no leader")
 	}

@@ -90,8 +90,9 @@ func be4(v uint32) (b [4]byte) {
 // reserveAddress gives an endpoint without an address the lowest free one of its
 // subnet, checks a requested one, and claims the address and the MAC.
 func reserveAddress(ctx context.Context, r *registry.Reserver[*networking.Endpoint], subnets *genericregistry.Store, ep *networking.Endpoint) (field.ErrorList, error) {
-	// A subnet's cidr and gateway never change, so the cache may answer.
-	subnet, err := registry.GetCached[networking.Subnet](ctx, subnets, "", ep.Spec.Subnet)
+	// Read from etcd, not the watch cache: right after a start the cache may
+	// still be filling, and one read costs less than waiting for it.
+	subnet, err := registry.GetLatest[networking.Subnet](ctx, subnets, "", ep.Spec.Subnet)
 	if err != nil {
 		return nil, err
 	}
