@@ -161,7 +161,9 @@ func (e *env) benchAllocating(b *testing.B) {
 	b.ResetTimer()
 	for r, n := 0, min(rounds, b.N); r < n; r++ {
 		lo, hi := b.N*r/n, b.N*(r+1)/n
-		for i := range phases {
+		// Rotate the order each round, so no phase always runs after the same one.
+		for k := range phases {
+			i := (k + r) % len(phases)
 			wall, err := concurrently(lo, hi, workers, lat, phases[i].create)
 			if err != nil {
 				b.Fatalf("%s: %v", phases[i].name, err)
