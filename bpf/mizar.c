@@ -79,6 +79,15 @@ int mizar_underlay(struct xdp_md *ctx)
 		return ul_drop(UL_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF))
 		return ul_drop(UL_DROP_FRAGMENT);
+	/* NICs verify it before the stack does, not before XDP. The source
+	 * address is about to decide trust: it must be the one sent. */
+	if (!ipv4_csum_ok(iph))
+		return ul_drop(UL_DROP_IP_CHECKSUM);
+	struct droplet_key dk;
+
+	store_u32(dk.ip, iph->saddr);
+	if (!bpf_map_lookup_elem(&droplets, &dk))
+		return ul_drop(UL_DROP_NOT_DROPLET);
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
 	if ((void *)(gnv + 1) > data_end)
@@ -112,7 +121,15 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 self = self_ip();
 	struct route r;
 
-	route_lookup(&r, vni_of(gnv), iip->daddr, pick, self);
+	__u32 vni = vni_of(gnv);
+
+	route_lookup(&r, vni, iip->daddr, pick, self);
+	if (r.kind != RT_DROP) {
+		int refusal = src_refusal(vni, iph->saddr, iip->saddr);
+
+		if (refusal)
+			return ul_drop(refusal);
+	}
 
 	if (r.kind == RT_LOCAL) {
 		copy_mac(ieth->h_dest, r.dst_mac);
@@ -270,6 +287,16 @@ int mizar_pod(struct __sk_buff *skb)
 
 	if ((void *)(eth + 1) > data_end)
 		return pod_drop(POD_DROP_MALFORMED);
+	/* Frames leave only as what the endpoint is. The kernel moved an
+	 * 802.1Q/802.1ad tag into metadata before tcx (the encap would carry it
+	 * onto the underlay); a second tag of a QinQ frame is still inline. */
+	if (skb->vlan_present || eth->h_proto == bpf_htons(ETH_P_8021Q) ||
+	    eth->h_proto == bpf_htons(ETH_P_8021AD))
+		return pod_drop(POD_DROP_VLAN);
+	if (eth->h_source[0] & 1)
+		return pod_drop(POD_DROP_MAC_MULTICAST);
+	if (!mac_eq(eth->h_source, cfg->mac))
+		return pod_drop(POD_DROP_MAC_SPOOF);
 	if (eth->h_proto == bpf_htons(ETH_P_ARP))
 		return pod_arp(skb, cfg);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))

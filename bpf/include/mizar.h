@@ -66,6 +66,16 @@ struct vpc {
 	struct hop dividers[MAX_HOPS];
 };
 
+/* droplets: the underlay hosts Geneve is accepted from (the agent fills it
+ * from the Droplets in the API). The value is only a presence mark. */
+struct droplet_key {
+	__u8 ip[4];
+};
+
+/* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
+ * the VPC, so it may forward packets of any endpoint of the VPC. Any other
+ * droplet speaks only for the endpoints it hosts. Keyed like endpoints. */
+
 /* pod_ifaces: host-side veth ifindex -> what the pod behind it is. */
 struct pod_iface {
 	__u32 vni;
@@ -103,6 +113,10 @@ enum underlay_counter {
 	UL_DROP_UNKNOWN_DST,    /* VPC known, destination not */
 	UL_DROP_TTL,            /* outer TTL would expire on forward */
 	UL_DROP_ADJUST,         /* bpf_xdp_adjust_head failed */
+	UL_DROP_IP_CHECKSUM,    /* outer IPv4 header checksum is wrong */
+	UL_DROP_NOT_DROPLET,    /* outer source is not a known droplet */
+	UL_DROP_SRC_UNKNOWN,    /* inner source is no endpoint of the VNI known here */
+	UL_DROP_SRC_SPOOFED,    /* inner source lives elsewhere than the outer source */
 	UL_MAX,
 };
 
@@ -120,5 +134,8 @@ enum pod_counter {
 	POD_DROP_UNKNOWN_DST,
 	POD_DROP_TTL,           /* TTL expired routing across subnets */
 	POD_DROP_ENCAP,         /* bpf_skb_adjust_room/store failed */
+	POD_DROP_VLAN,          /* 802.1Q/802.1ad tagged (in metadata or inline) */
+	POD_DROP_MAC_MULTICAST, /* multicast/broadcast source MAC */
+	POD_DROP_MAC_SPOOF,     /* source MAC is not the pod's */
 	POD_MAX,
 };

@@ -71,6 +71,19 @@ static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
 	__builtin_memcpy(dst, src, ETH_ALEN);
 }
 
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	/* Compared as a 4- and a 2-byte word: one branch, no loop. */
+	__u32 a4, b4;
+	__u16 a2, b2;
+
+	__builtin_memcpy(&a4, a, 4);
+	__builtin_memcpy(&b4, b, 4);
+	__builtin_memcpy(&a2, a + 4, 2);
+	__builtin_memcpy(&b2, b + 4, 2);
+	return ((a4 ^ b4) | (__u32)(a2 ^ b2)) == 0;
+}
+
 /* IPv4 header checksum of a 20-byte header (options are never written). */
 static __always_inline __u16 ipv4_csum(struct iphdr *iph)
 {
@@ -84,6 +97,21 @@ static __always_inline __u16 ipv4_csum(struct iphdr *iph)
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u16)~sum;
+}
+
+/* Whether a received 20-byte IPv4 header's checksum is right: the one's
+ * complement sum over the header, checksum included, is all ones. */
+static __always_inline int ipv4_csum_ok(const struct iphdr *iph)
+{
+	const __u16 *w = (const __u16 *)iph;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(*iph) / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
 }
 
 /* Decrement the TTL and patch the checksum incrementally (RFC 1624), exactly

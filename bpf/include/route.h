@@ -124,3 +124,25 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 	}
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 }
+
+/* Trust on the underlay: may the droplet at outer source osrc carry a packet
+ * whose inner source is isrc in VPC vni? A bouncer or divider of the VPC may
+ * (it checked the source where the packet entered the overlay); any other
+ * droplet only for endpoints it hosts. Returns 0 or the refusal reason as a
+ * counter index. */
+static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc)
+{
+	struct endpoint_key k = { .vni = vni };
+
+	store_u32(k.ip, osrc);
+	if (bpf_map_lookup_elem(&relays, &k))
+		return 0;
+	store_u32(k.ip, isrc);
+	struct endpoint *ep = bpf_map_lookup_elem(&endpoints, &k);
+	if (!ep)
+		return UL_DROP_SRC_UNKNOWN;
+	/* A pod of this host cannot arrive from the underlay. */
+	if (ep->ifindex || load_u32(ep->host_ip) != osrc)
+		return UL_DROP_SRC_SPOOFED;
+	return 0;
+}

@@ -52,8 +52,32 @@ func TestMapsRoundTrip(t *testing.T) {
 		t.Fatalf("pod interfaces %+v, want %+v", ifs, pod1)
 	}
 
+	for _, h := range []Hop{hostA, hostB} {
+		must(t, d.UpsertDroplet(h.IP))
+	}
+	drops, err := d.Droplets()
+	must(t, err)
+	slices.SortFunc(drops, netip.Addr.Compare)
+	if !reflect.DeepEqual(drops, []netip.Addr{hostA.IP, hostB.IP}) {
+		t.Fatalf("droplets %v, want A and B", drops)
+	}
+	// SetRelays replaces one VPC's set and leaves the others alone.
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostA.IP, hostB.IP}))
+	must(t, d.SetRelays(vpc2, []netip.Addr{hostC.IP}))
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostD.IP}))
+	relays, err := d.Relays()
+	must(t, err)
+	for _, ips := range relays {
+		slices.SortFunc(ips, netip.Addr.Compare)
+	}
+	if want := map[uint32][]netip.Addr{vpc1: {hostB.IP, hostD.IP}, vpc2: {hostC.IP}}; !reflect.DeepEqual(relays, want) {
+		t.Fatalf("relays %v, want %v", relays, want)
+	}
+
 	// Deletes are idempotent.
 	for i := 0; i < 2; i++ {
+		must(t, d.DeleteDroplet(hostA.IP))
+		must(t, d.SetRelays(vpc1, nil))
 		must(t, d.DeleteEndpoint(epRemote.VNI, epRemote.IP))
 		must(t, d.DeleteSubnet(sn.VNI, sn.Prefix))
 		must(t, d.DeleteVPC(vpc.VNI))
@@ -64,6 +88,11 @@ func TestMapsRoundTrip(t *testing.T) {
 	subnets, _ = d.Subnets()
 	vpcs, _ = d.VPCs()
 	ifs, _ = d.PodInterfaces()
+	drops, _ = d.Droplets()
+	relays, _ = d.Relays()
+	if len(drops) != 1 || len(relays) != 1 {
+		t.Fatalf("after deletes: droplets %v, relays %v; want B and VPC %d's", drops, relays, vpc2)
+	}
 	if len(got) != 2 || len(subnets)+len(vpcs)+len(ifs) != 0 {
 		t.Fatalf("after deletes: %d endpoints, %d subnets, %d vpcs, %d pod interfaces", len(got), len(subnets), len(vpcs), len(ifs))
 	}
@@ -87,6 +116,8 @@ func TestMapInputValidation(t *testing.T) {
 	}
 	badPod := pod1
 	badPod.IP = addr("10.9.9.9")
+	mcastPod := pod1
+	mcastPod.MAC = mustMAC("03:00:00:00:00:01")
 	cases := []struct {
 		name string
 		err  error
@@ -105,6 +136,11 @@ func TestMapInputValidation(t *testing.T) {
 		{"divider without MAC", d.UpsertVPC(VPC{VNI: 1, Dividers: []Hop{{IP: hostA.IP}}}), "hop MAC"},
 		{"pod IP outside its subnet", d.UpsertPodInterface(badPod), "outside its subnet"},
 		{"pod ifindex 0", d.UpsertPodInterface(PodInterface{}), "ifindex 0"},
+		{"multicast pod MAC", d.UpsertPodInterface(mcastPod), "multicast"},
+		{"IPv6 droplet", d.UpsertDroplet(v6), "not an IPv4"},
+		{"droplet 0.0.0.0", d.DeleteDroplet(netip.IPv4Unspecified()), "0.0.0.0"},
+		{"relays of VNI 0", d.SetRelays(0, nil), "VNI 0"},
+		{"relay not IPv4", d.SetRelays(vpc1, []netip.Addr{hostA.IP, v6}), "not an IPv4"},
 	}
 	for _, c := range cases {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

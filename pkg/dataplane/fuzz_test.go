@@ -41,7 +41,7 @@ func classifyUnderlay(f []byte) (ulClass, int) {
 	if frag&0x1fff != 0 || len(f) < 14+ihl*4+8 || binary.BigEndian.Uint16(f[14+ihl*4+2:]) != 6081 {
 		return ulNotOurs, 0
 	}
-	if ihl != 5 || frag&0x2000 != 0 || len(f) < 50 {
+	if ihl != 5 || frag&0x2000 != 0 || !ipv4HeaderOK(ip[:20]) || !droplets[netip.AddrFrom4([4]byte(ip[12:16]))] || len(f) < 50 {
 		return ulBroken, 0
 	}
 	g := f[42:50]
@@ -62,6 +62,9 @@ func classifyUnderlay(f []byte) (ulClass, int) {
 	}
 	return ulValid, innerEth
 }
+
+// droplets are the fixture's: Geneve from anyone else is dropped.
+var droplets = map[netip.Addr]bool{hostA.IP: true, hostB.IP: true, hostC.IP: true, hostD.IP: true}
 
 func ipv4HeaderOK(h []byte) bool {
 	var sum uint32
@@ -109,7 +112,7 @@ func FuzzUnderlay(f *testing.F) {
 	for _, s := range underlaySeeds(f) {
 		f.Add(s)
 	}
-	hops := map[string]bool{hostA.IP.String(): true, hostB.IP.String(): true, hostC.IP.String(): true}
+	hops := map[string]bool{hostA.IP.String(): true, hostB.IP.String(): true, hostC.IP.String(): true, hostD.IP.String(): true}
 	localMACs := []net.HardwareAddr{epPod1.MAC, epLocal.MAC, epLocalS2.MAC, epVPC2.MAC}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14 || len(frame) > maxTestFrame {
@@ -151,7 +154,7 @@ func FuzzUnderlay(f *testing.F) {
 // else must be dropped): an ARP request from pod1 for an on-link address or
 // the gateway, or IPv4 from pod1's address with a complete header.
 func classifyPod(f []byte) bool {
-	if len(f) < 14 {
+	if len(f) < 14 || !bytes.Equal(f[6:12], pod1.MAC) {
 		return false
 	}
 	switch binary.BigEndian.Uint16(f[12:]) {

@@ -245,6 +245,11 @@ func (d *Datapath) UpsertPodInterface(p PodInterface) error {
 	if v.Mac, err = mac("pod MAC", p.MAC); err != nil {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
 	}
+	if v.Mac[0]&1 != 0 {
+		// The pod program drops multicast source MACs: such a pod could
+		// never send.
+		return fmt.Errorf("pod interface %d: pod MAC %s is a multicast address", p.Ifindex, p.MAC)
+	}
 	if v.GwIp, err = ipv4("gateway IP", p.GatewayIP); err != nil {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
 	}
@@ -432,4 +437,120 @@ func fromHops(src []mizarHop, n uint32) []Hop {
 		out = append(out, Hop{IP: netip.AddrFrom4(h.Ip), MAC: hwaddr(h.Mac)})
 	}
 	return out
+}
+
+// UpsertDroplet makes a host on the underlay known: Geneve is accepted only
+// from droplets. Adding one that is known is not an error.
+func (d *Datapath) UpsertDroplet(ip netip.Addr) error {
+	k, err := dropletKey(ip)
+	if err != nil {
+		return fmt.Errorf("droplet: %w", err)
+	}
+	if err := d.objs.Droplets.Put(&k, uint8(1)); err != nil {
+		return fmt.Errorf("put droplet %s: %w", ip, err)
+	}
+	return nil
+}
+
+// DeleteDroplet forgets a droplet; a missing one is not an error. Its relay
+// roles (SetRelays) stay until they are replaced, but are unused while the
+// droplet is unknown.
+func (d *Datapath) DeleteDroplet(ip netip.Addr) error {
+	k, err := dropletKey(ip)
+	if err != nil {
+		return fmt.Errorf("droplet: %w", err)
+	}
+	return deleteKey(d.objs.Droplets, &k, "droplet")
+}
+
+// Droplets lists the droplets map.
+func (d *Datapath) Droplets() ([]netip.Addr, error) {
+	var (
+		k   mizarDropletKey
+		v   uint8
+		out []netip.Addr
+	)
+	it := d.objs.Droplets.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, netip.AddrFrom4(k.Ip))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list droplets: %w", err)
+	}
+	return out, nil
+}
+
+// SetRelays replaces the set of droplets that are bouncers or dividers of
+// the VPC with this VNI. A relay may forward packets of any endpoint of the
+// VPC; every other droplet is trusted only with the endpoints it hosts (the
+// endpoints map must say so: an inner source this host does not know is
+// refused unless a relay brings it). An empty list removes them all.
+func (d *Datapath) SetRelays(vni uint32, ips []netip.Addr) error {
+	if err := checkVNI(vni); err != nil {
+		return fmt.Errorf("relays: %w", err)
+	}
+	want := make(map[mizarEndpointKey]bool, len(ips))
+	for _, ip := range ips {
+		a, err := ipv4("relay IP", ip)
+		if err != nil {
+			return fmt.Errorf("relays of VPC %d: %w", vni, err)
+		}
+		want[mizarEndpointKey{Vni: vni, Ip: a}] = true
+	}
+	// Add first, then remove the rest: a relay staying in the set is never
+	// missing in between.
+	for k := range want {
+		if err := d.objs.Relays.Put(&k, uint8(1)); err != nil {
+			return fmt.Errorf("put relay (%d, %v): %w", vni, netip.AddrFrom4(k.Ip), err)
+		}
+	}
+	stale, err := d.relayKeys(func(k mizarEndpointKey) bool { return k.Vni == vni && !want[k] })
+	if err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := deleteKey(d.objs.Relays, &k, "relay"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Relays lists the relays map by VNI.
+func (d *Datapath) Relays() (map[uint32][]netip.Addr, error) {
+	keys, err := d.relayKeys(func(mizarEndpointKey) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32][]netip.Addr{}
+	for _, k := range keys {
+		out[k.Vni] = append(out[k.Vni], netip.AddrFrom4(k.Ip))
+	}
+	return out, nil
+}
+
+func (d *Datapath) relayKeys(keep func(mizarEndpointKey) bool) ([]mizarEndpointKey, error) {
+	var (
+		k   mizarEndpointKey
+		v   uint8
+		out []mizarEndpointKey
+	)
+	it := d.objs.Relays.Iterate()
+	for it.Next(&k, &v) {
+		if keep(k) {
+			out = append(out, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list relays: %w", err)
+	}
+	return out, nil
+}
+
+func dropletKey(ip netip.Addr) (mizarDropletKey, error) {
+	a, err := ipv4("droplet IP", ip)
+	if err != nil {
+		return mizarDropletKey{}, err
+	}
+	return mizarDropletKey{Ip: a}, nil
 }

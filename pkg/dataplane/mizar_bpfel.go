@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type mizarDropletKey struct {
+	_  structs.HostLayout
+	Ip [4]uint8
+}
+
 type mizarEndpoint struct {
 	_       structs.HostLayout
 	HostIp  [4]uint8
@@ -45,19 +50,22 @@ type mizarHostConfig struct {
 type mizarPodCounter uint32
 
 const (
-	mizarPodCounterPOD_ENCAP            mizarPodCounter = 0
-	mizarPodCounterPOD_LOCAL            mizarPodCounter = 1
-	mizarPodCounterPOD_ARP_REPLY        mizarPodCounter = 2
-	mizarPodCounterPOD_DROP_NO_CONFIG   mizarPodCounter = 3
-	mizarPodCounterPOD_DROP_MALFORMED   mizarPodCounter = 4
-	mizarPodCounterPOD_DROP_NOT_IPV4    mizarPodCounter = 5
-	mizarPodCounterPOD_DROP_ARP         mizarPodCounter = 6
-	mizarPodCounterPOD_DROP_SPOOF       mizarPodCounter = 7
-	mizarPodCounterPOD_DROP_UNKNOWN_VNI mizarPodCounter = 8
-	mizarPodCounterPOD_DROP_UNKNOWN_DST mizarPodCounter = 9
-	mizarPodCounterPOD_DROP_TTL         mizarPodCounter = 10
-	mizarPodCounterPOD_DROP_ENCAP       mizarPodCounter = 11
-	mizarPodCounterPOD_MAX              mizarPodCounter = 12
+	mizarPodCounterPOD_ENCAP              mizarPodCounter = 0
+	mizarPodCounterPOD_LOCAL              mizarPodCounter = 1
+	mizarPodCounterPOD_ARP_REPLY          mizarPodCounter = 2
+	mizarPodCounterPOD_DROP_NO_CONFIG     mizarPodCounter = 3
+	mizarPodCounterPOD_DROP_MALFORMED     mizarPodCounter = 4
+	mizarPodCounterPOD_DROP_NOT_IPV4      mizarPodCounter = 5
+	mizarPodCounterPOD_DROP_ARP           mizarPodCounter = 6
+	mizarPodCounterPOD_DROP_SPOOF         mizarPodCounter = 7
+	mizarPodCounterPOD_DROP_UNKNOWN_VNI   mizarPodCounter = 8
+	mizarPodCounterPOD_DROP_UNKNOWN_DST   mizarPodCounter = 9
+	mizarPodCounterPOD_DROP_TTL           mizarPodCounter = 10
+	mizarPodCounterPOD_DROP_ENCAP         mizarPodCounter = 11
+	mizarPodCounterPOD_DROP_VLAN          mizarPodCounter = 12
+	mizarPodCounterPOD_DROP_MAC_MULTICAST mizarPodCounter = 13
+	mizarPodCounterPOD_DROP_MAC_SPOOF     mizarPodCounter = 14
+	mizarPodCounterPOD_MAX                mizarPodCounter = 15
 )
 
 type mizarPodIface struct {
@@ -102,7 +110,11 @@ const (
 	mizarUnderlayCounterUL_DROP_UNKNOWN_DST    mizarUnderlayCounter = 12
 	mizarUnderlayCounterUL_DROP_TTL            mizarUnderlayCounter = 13
 	mizarUnderlayCounterUL_DROP_ADJUST         mizarUnderlayCounter = 14
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 15
+	mizarUnderlayCounterUL_DROP_IP_CHECKSUM    mizarUnderlayCounter = 15
+	mizarUnderlayCounterUL_DROP_NOT_DROPLET    mizarUnderlayCounter = 16
+	mizarUnderlayCounterUL_DROP_SRC_UNKNOWN    mizarUnderlayCounter = 17
+	mizarUnderlayCounterUL_DROP_SRC_SPOOFED    mizarUnderlayCounter = 18
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 19
 )
 
 type mizarVpc struct {
@@ -115,9 +127,11 @@ type mizarVpc struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	mizarMapDroplets       = "droplets"
 	mizarMapEndpoints      = "endpoints"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
+	mizarMapRelays         = "relays"
 	mizarMapSubnets        = "subnets"
 	mizarMapUnderlayStats  = "underlay_stats"
 	mizarMapVpcs           = "vpcs"
@@ -176,9 +190,11 @@ type mizarProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
+	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
+	Relays        *ebpf.MapSpec `ebpf:"relays"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.MapSpec `ebpf:"vpcs"`
@@ -211,9 +227,11 @@ func (o *mizarObjects) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
+	Droplets      *ebpf.Map `ebpf:"droplets"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
+	Relays        *ebpf.Map `ebpf:"relays"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.Map `ebpf:"vpcs"`
@@ -221,9 +239,11 @@ type mizarMaps struct {
 
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
+		m.Droplets,
 		m.Endpoints,
 		m.PodIfaces,
 		m.PodStats,
+		m.Relays,
 		m.Subnets,
 		m.UnderlayStats,
 		m.Vpcs,

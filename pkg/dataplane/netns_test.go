@@ -47,6 +47,8 @@ func buildThreeHosts(t *testing.T) *testNet {
 		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: s1, Bouncers: []Hop{C.hop()}}))
 		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc2, Prefix: s1, Bouncers: []Hop{C.hop()}}))
 	}
+	tn.setRelays(t, vpc1, B, C)
+	tn.setRelays(t, vpc2, C)
 	// A knows only its own subnets; B also holds S2 (it is its bouncer); C,
 	// the divider, holds every subnet of both VPCs.
 	must(t, B.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: s2, Bouncers: []Hop{B.hop()}}))

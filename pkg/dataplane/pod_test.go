@@ -157,7 +157,7 @@ func TestPodEncapAcrossSubnets(t *testing.T) {
 // portless protocols, and spreads flows over a subnet's bouncers.
 func TestPodFlowHash(t *testing.T) {
 	d := fixture(t)
-	bouncers := []Hop{hostA, hostB, hostC}
+	bouncers := s3Bouncers
 	seen := map[string]bool{}
 	var packets []inner
 	for sport := uint16(1000); sport < 1012; sport++ {
@@ -292,4 +292,44 @@ func TestPodNoCrossingBetweenVPCs(t *testing.T) {
 	delta := counterDelta(t, d)
 	expectVerdict(t, d.PodProgram(), fromPod1(epLocal.IP.String()).frame(t), tcShot, nil)
 	expectCounts(t, delta().Pod, "drop_unknown_dst")
+}
+
+// Frames leave a pod only as what the endpoint is: its MAC, untagged. (A tag
+// in skb metadata, which BPF_PROG_TEST_RUN cannot set, is tested through the
+// kernel in TestPodFramesNeverLeak.)
+func TestPodLayer2Leaks(t *testing.T) {
+	d := fixture(t)
+	good := fromPod1("10.1.1.30")
+	spoofed := good
+	spoofed.srcMAC = mustMAC("02:aa:00:01:01:77")
+	mcast := good
+	mcast.srcMAC = mustMAC("01:00:5e:00:00:01")
+	bcast := good
+	bcast.srcMAC = layers.EthernetBroadcast
+	tagged := func(tpid layers.EthernetType) []byte {
+		return serialize(t, true,
+			&layers.Ethernet{SrcMAC: pod1.MAC, DstMAC: pod1.GatewayMAC, EthernetType: tpid},
+			&layers.Dot1Q{VLANIdentifier: 7, Type: layers.EthernetTypeIPv4}, good.ip(), gopacket.Payload(good.payload))
+	}
+	zero := make(net.HardwareAddr, 6)
+	arpSpoof := arpFrame(t, layers.ARPRequest, spoofed.srcMAC, layers.EthernetBroadcast, pod1.MAC, pod1.IP, zero, pod1.GatewayIP)
+	cases := []struct {
+		name  string
+		frame []byte
+		count string
+	}{
+		{"spoofed source MAC", spoofed.frame(t), "drop_mac_spoof"},
+		{"ARP from a spoofed MAC", arpSpoof, "drop_mac_spoof"},
+		{"multicast source MAC", mcast.frame(t), "drop_mac_multicast"},
+		{"broadcast source MAC", bcast.frame(t), "drop_mac_multicast"},
+		{"802.1Q tag inline", tagged(layers.EthernetTypeDot1Q), "drop_vlan"},
+		{"802.1ad tag inline", tagged(layers.EthernetTypeQinQ), "drop_vlan"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			delta := counterDelta(t, d)
+			expectVerdict(t, d.PodProgram(), c.frame, tcShot, nil)
+			expectCounts(t, delta().Pod, c.count)
+		})
+	}
 }

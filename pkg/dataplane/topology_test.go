@@ -145,6 +145,47 @@ func (n *netNS) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return c, err
 }
 
+// sendRaw writes whole Ethernet frames on an interface of the namespace
+// through an AF_PACKET socket: they enter the kernel as if the namespace's
+// stack had built them (a veth peer untags, runs tcx, and so on).
+func (n *netNS) sendRaw(tb testing.TB, ifname string, frames ...[]byte) {
+	tb.Helper()
+	n.do(tb, func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+		for _, f := range frames {
+			copy(to.Addr[:], f[:6])
+			if err := unix.Sendto(fd, f, 0, to); err != nil {
+				return fmt.Errorf("send on %s: %w", ifname, err)
+			}
+		}
+		return nil
+	})
+}
+
+// sendUDP sends one datagram from inside the namespace; its stack picks the
+// source address and builds the headers.
+func (n *netNS) sendUDP(tb testing.TB, dst netip.AddrPort, payload []byte) {
+	tb.Helper()
+	n.do(tb, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		return err
+	})
+}
+
 func (n *netNS) sysctl(tb testing.TB, key, value string) {
 	tb.Helper()
 	n.do(tb, func() error {
@@ -182,6 +223,8 @@ type podSpec struct {
 }
 
 type testNet struct {
+	sfx   string
+	br    *netlink.Bridge
 	sw    *netNS
 	hosts map[string]*testHost
 	pods  map[string]*testPod
@@ -208,25 +251,9 @@ func newTestNet(tb testing.TB, hosts []string, pods []podSpec) *testNet {
 	must(tb, tn.sw.nl.LinkAdd(br))
 	must(tb, tn.sw.nl.LinkSetUp(br))
 
-	for i, name := range hosts {
-		h := &testHost{
-			name: name,
-			ns:   newNetNS(tb, "mzt-"+sfx+"-"+name),
-			ip:   netip.AddrFrom4([4]byte{198, 18, 0, byte(11 + i)}),
-			mac:  net.HardwareAddr{2, 0, 0, 0, 0, byte(0x11 + i)},
-		}
-		port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p" + name, MTU: underlayMTU, MasterIndex: 0},
-			PeerName: "ul0", PeerHardwareAddr: h.mac, PeerNamespace: netlink.NsFd(h.ns.ns.Fd()), PeerMTU: underlayMTU}
-		must(tb, tn.sw.nl.LinkAdd(port))
-		must(tb, tn.sw.nl.LinkSetMaster(port, br))
-		must(tb, tn.sw.nl.LinkSetUp(port))
-		ul, err := h.ns.nl.LinkByName("ul0")
-		must(tb, err)
-		must(tb, h.ns.nl.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.ip, 24))}))
-		must(tb, h.ns.nl.LinkSetUp(ul))
-		h.ulIndex = ul.Attrs().Index
-		tn.hosts[name] = h
-		tn.order = append(tn.order, h)
+	tn.sfx, tn.br = sfx, br
+	for _, name := range hosts {
+		tn.addHost(tb, name)
 	}
 
 	for i, s := range pods {
@@ -257,6 +284,33 @@ func newTestNet(tb testing.TB, hosts []string, pods []podSpec) *testNet {
 		tn.pods[s.name] = p
 	}
 	return tn
+}
+
+// addHost plugs a new host namespace into the underlay bridge, with the
+// next free address of 198.18.0.0/24. Hosts added after loadMizar are not
+// droplets of the others: strangers on the underlay.
+func (tn *testNet) addHost(tb testing.TB, name string) *testHost {
+	tb.Helper()
+	i := len(tn.order)
+	h := &testHost{
+		name: name,
+		ns:   newNetNS(tb, "mzt-"+tn.sfx+"-"+name),
+		ip:   netip.AddrFrom4([4]byte{198, 18, 0, byte(11 + i)}),
+		mac:  net.HardwareAddr{2, 0, 0, 0, 0, byte(0x11 + i)},
+	}
+	port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p" + name, MTU: underlayMTU, MasterIndex: 0},
+		PeerName: "ul0", PeerHardwareAddr: h.mac, PeerNamespace: netlink.NsFd(h.ns.ns.Fd()), PeerMTU: underlayMTU}
+	must(tb, tn.sw.nl.LinkAdd(port))
+	must(tb, tn.sw.nl.LinkSetMaster(port, tn.br))
+	must(tb, tn.sw.nl.LinkSetUp(port))
+	ul, err := h.ns.nl.LinkByName("ul0")
+	must(tb, err)
+	must(tb, h.ns.nl.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.ip, 24))}))
+	must(tb, h.ns.nl.LinkSetUp(ul))
+	h.ulIndex = ul.Attrs().Index
+	tn.hosts[name] = h
+	tn.order = append(tn.order, h)
+	return h
 }
 
 func gatewayOf(subnet netip.Prefix) netip.Addr { return subnet.Addr().Next() }
@@ -325,6 +379,11 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 		h.dp = dp
 		return dp.AttachUnderlay("ul0")
 	})
+	// Every host of the test net is a droplet, as the agent would learn
+	// from the Droplets in the API.
+	for _, o := range tn.order {
+		must(tb, h.dp.UpsertDroplet(o.ip))
+	}
 	for _, p := range tn.pods {
 		if p.host != h {
 			continue
@@ -335,6 +394,20 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 		}))
 		must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: h.ip, HostMAC: h.mac, Ifindex: p.hostIndex}))
 		h.ns.do(tb, func() error { return h.dp.AttachPod(p.hostIf) })
+	}
+}
+
+// setRelays tells every loaded host which hosts bounce or divide for a VPC.
+func (tn *testNet) setRelays(tb testing.TB, vni uint32, relays ...*testHost) {
+	tb.Helper()
+	ips := make([]netip.Addr, 0, len(relays))
+	for _, r := range relays {
+		ips = append(ips, r.ip)
+	}
+	for _, h := range tn.order {
+		if h.dp != nil {
+			must(tb, h.dp.SetRelays(vni, ips))
+		}
 	}
 }
 
@@ -457,6 +530,7 @@ func (tn *testNet) mizarOneSubnet(tb testing.TB, direct bool) {
 		must(tb, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
 		must(tb, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
 	}
+	tn.setRelays(tb, vpc1, C)
 	for _, p := range tn.pods {
 		for _, h := range tn.order {
 			if h != p.host && (direct || h == C) {

@@ -76,6 +76,7 @@ var (
 	hostA = Hop{IP: netip.MustParseAddr("198.18.0.11"), MAC: mustMAC("02:00:00:00:00:11")}
 	hostB = Hop{IP: netip.MustParseAddr("198.18.0.12"), MAC: mustMAC("02:00:00:00:00:12")}
 	hostC = Hop{IP: netip.MustParseAddr("198.18.0.13"), MAC: mustMAC("02:00:00:00:00:13")}
+	hostD = Hop{IP: netip.MustParseAddr("198.18.0.14"), MAC: mustMAC("02:00:00:00:00:14")}
 )
 
 // loadTest loads a datapath for host H with a private pin root. Underlay
