@@ -132,15 +132,28 @@ int mizar_underlay(struct xdp_md *ctx)
 	}
 
 	if (r.kind == RT_LOCAL) {
+		/* RFC 6040 normal mode: congestion marked on the underlay reaches
+		 * the pod; the inner DSCP is the sender's (pipe model). */
+		int ecn = ecn_decap(iph->tos, iip->tos);
+
+		if (ecn < 0)
+			return ul_drop(UL_DROP_ECN);
+		if (ecn != (iip->tos & ECN_MASK))
+			ipv4_set_ecn(iip, ecn);
 		copy_mac(ieth->h_dest, r.dst_mac);
 		int off = (void *)ieth - data;
 
 		if (bpf_xdp_adjust_head(ctx, off))
 			return ul_drop(UL_DROP_ADJUST);
-		count_ul(UL_DELIVER);
 		/* The pod-side peer needs NAPI (GRO on, see EnableGRO in Go) or the
-		 * veth drops redirected frames. */
-		return bpf_redirect(r.ifindex, 0);
+		 * veth drops redirected frames; such drops after the program are
+		 * the kernel's to count (KernelDrops). */
+		long ret = bpf_redirect(r.ifindex, 0);
+
+		if (ret != XDP_REDIRECT)
+			return ul_drop(UL_DROP_REDIRECT);
+		count_ul(UL_DELIVER);
+		return ret;
 	}
 
 	if (r.kind == RT_REMOTE) {
@@ -201,6 +214,75 @@ static __always_inline int pod_drop(enum pod_counter c)
 {
 	count_pod(c);
 	return TC_ACT_SHOT;
+}
+
+/* Send the verdict of a redirect, counting c only if the helper took it. */
+static __always_inline int pod_redirected(long ret, enum pod_counter c)
+{
+	if (ret != TC_ACT_REDIRECT)
+		return pod_drop(POD_DROP_REDIRECT);
+	count_pod(c);
+	return ret;
+}
+
+/* Turn the pod's packet into an ICMP error about it, from the pod's gateway,
+ * and send it back into the pod. rest is the ICMP header's second word.
+ * Returns the TC verdict, or -1 when no error may or can be sent: about a
+ * later fragment, an ICMP error (RFC 1122 3.2.2), a header with options or
+ * a packet too short to quote. */
+static __always_inline int pod_icmp_error(struct __sk_buff *skb, const struct pod_iface *cfg, __u8 type,
+					  __u8 code, __be32 rest, enum pod_counter c)
+{
+	struct {
+		struct icmphdr icmp;
+		struct iphdr ip;
+		__u8 l4[8];
+	} m = {};
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &m.ip, sizeof(m.ip) + sizeof(m.l4)))
+		return -1;
+	if (m.ip.ihl != 5 || (m.ip.frag_off & bpf_htons(IP_OFFMASK)))
+		return -1;
+	if (m.ip.protocol == IPPROTO_ICMP && m.l4[0] != ICMP_ECHO && m.l4[0] != ICMP_TIMESTAMP)
+		return -1;
+	m.icmp.type = type;
+	m.icmp.code = code;
+	m.icmp.un.gateway = rest;
+
+	__u16 *w = (__u16 *)&m;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(m) / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	m.icmp.checksum = (__u16)~sum;
+
+	struct iphdr ip = {};
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = 0xc0; /* internetwork control, as the kernel's own ICMP errors */
+	ip.tot_len = bpf_htons(sizeof(ip) + sizeof(m));
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_ICMP;
+	ip.saddr = load_u32(cfg->gw_ip);
+	ip.daddr = m.ip.saddr;
+	ip.check = ipv4_csum(&ip);
+
+	struct icmp_error e;
+
+	copy_mac(e.eth.h_dest, cfg->mac);
+	copy_mac(e.eth.h_source, cfg->gw_mac);
+	e.eth.h_proto = bpf_htons(ETH_P_IP);
+	__builtin_memcpy(&e.ip, &ip, sizeof(ip));
+	__builtin_memcpy(&e.icmp, &m, sizeof(m));
+
+	if (bpf_skb_change_tail(skb, sizeof(e), 0) || bpf_skb_store_bytes(skb, 0, &e, sizeof(e), 0))
+		return -1;
+	/* Egress of the same host-side veth: straight back into the pod. */
+	return pod_redirected(bpf_redirect(skb->ifindex, 0), c);
 }
 
 /* Make the first need bytes directly readable; 0 on success. */
@@ -264,9 +346,8 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	store_u32(arp->spa, tpa);
 	copy_mac(eth->h_dest, eth->h_source);
 	copy_mac(eth->h_source, cfg->gw_mac);
-	count_pod(POD_ARP_REPLY);
 	/* Egress of the same host-side veth: straight back into the pod. */
-	return bpf_redirect(skb->ifindex, 0);
+	return pod_redirected(bpf_redirect(skb->ifindex, 0), POD_ARP_REPLY);
 }
 
 SEC("tc")
@@ -353,17 +434,43 @@ int mizar_pod(struct __sk_buff *skb)
 	int cross = !in_subnet(cfg, daddr);
 
 	if (cross) {
-		if (iph->ttl <= 1)
-			return pod_drop(POD_DROP_TTL);
+		if (iph->ttl <= 1) {
+			/* The gateway is a hop: traceroute shows it. */
+			int ret = pod_icmp_error(skb, cfg, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
+						 POD_ICMP_TIME_EXCEEDED);
+
+			return ret < 0 ? pod_drop(POD_DROP_TTL) : ret;
+		}
 		ipv4_decrease_ttl(iph);
 	}
 
 	if (r.kind == RT_LOCAL) {
 		copy_mac(eth->h_dest, r.dst_mac);
 		copy_mac(eth->h_source, cfg->gw_mac);
-		count_pod(POD_LOCAL);
 		/* Straight into the other pod's netns: skips a backlog pass. */
-		return bpf_redirect_peer(r.ifindex, 0);
+		return pod_redirected(bpf_redirect_peer(r.ifindex, 0), POD_LOCAL);
+	}
+
+	/* DSCP and ECN are copied to the outer header (RFC 6040 normal mode:
+	 * the underlay may mark CE, decapsulation carries it inward). */
+	__u8 tos = iph->tos;
+
+	/* The pod's MTU leaves room for Geneve; a pod that sends more anyway
+	 * learns the path MTU, unless it allows fragmenting, which is not done
+	 * here. GSO packets are segmented to their gso_size later. */
+	if (!skb->gso_size) {
+		__u32 mtu = 0;
+		__u16 frag_off = iph->frag_off;
+
+		if (bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0) ==
+		    BPF_MTU_CHK_RET_FRAG_NEEDED) {
+			if (!(frag_off & bpf_htons(IP_DF)) || mtu <= GENEVE_OVERHEAD)
+				return pod_drop(POD_DROP_TOO_BIG);
+			int ret = pod_icmp_error(skb, cfg, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+						 bpf_htonl(mtu - GENEVE_OVERHEAD), POD_ICMP_FRAG_NEEDED);
+
+			return ret < 0 ? pod_drop(POD_DROP_TOO_BIG) : ret;
+		}
 	}
 
 	struct geneve_encap h = {};
@@ -393,6 +500,7 @@ int mizar_pod(struct __sk_buff *skb)
 
 	ip.version = 4;
 	ip.ihl = 5;
+	ip.tos = tos;
 	ip.tot_len = bpf_htons(len - ETH_HLEN);
 	ip.frag_off = bpf_htons(IP_DF); /* never fragment on the underlay */
 	ip.ttl = OUTER_TTL;
@@ -416,6 +524,5 @@ int mizar_pod(struct __sk_buff *skb)
 
 	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
 		return pod_drop(POD_DROP_ENCAP);
-	count_pod(POD_ENCAP);
-	return bpf_redirect(host.underlay_ifindex, 0);
+	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), POD_ENCAP);
 }

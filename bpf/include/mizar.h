@@ -117,6 +117,8 @@ enum underlay_counter {
 	UL_DROP_NOT_DROPLET,    /* outer source is not a known droplet */
 	UL_DROP_SRC_UNKNOWN,    /* inner source is no endpoint of the VNI known here */
 	UL_DROP_SRC_SPOOFED,    /* inner source lives elsewhere than the outer source */
+	UL_DROP_ECN,            /* outer CE over a not-ECN-capable inner packet (RFC 6040) */
+	UL_DROP_REDIRECT,       /* bpf_redirect refused the target */
 	UL_MAX,
 };
 
@@ -132,10 +134,14 @@ enum pod_counter {
 	POD_DROP_SPOOF,         /* source address is not the pod's */
 	POD_DROP_UNKNOWN_VNI,
 	POD_DROP_UNKNOWN_DST,
-	POD_DROP_TTL,           /* TTL expired routing across subnets */
+	POD_DROP_TTL,           /* TTL expired across subnets, no ICMP allowed/possible */
 	POD_DROP_ENCAP,         /* bpf_skb_adjust_room/store failed */
 	POD_DROP_VLAN,          /* 802.1Q/802.1ad tagged (in metadata or inline) */
 	POD_DROP_MAC_MULTICAST, /* multicast/broadcast source MAC */
 	POD_DROP_MAC_SPOOF,     /* source MAC is not the pod's */
+	POD_ICMP_TIME_EXCEEDED, /* TTL expired at the gateway: ICMP sent to the pod */
+	POD_ICMP_FRAG_NEEDED,   /* DF packet too big for the underlay: ICMP sent */
+	POD_DROP_TOO_BIG,       /* too big for the underlay, DF clear (no fragmenting here) */
+	POD_DROP_REDIRECT,      /* bpf_redirect/bpf_redirect_peer refused the target */
 	POD_MAX,
 };

@@ -41,6 +41,38 @@ struct arp_eth {
 	__u8 tpa[4];
 } __attribute__((packed));
 
+/* ICMP (RFC 792); <linux/icmp.h> pulls in libc socket headers. */
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	union {
+		__be32 gateway;
+		struct {
+			__be16 unused;
+			__be16 mtu;
+		} frag;
+	} un;
+};
+
+#define ICMP_ECHO 8
+#define ICMP_DEST_UNREACH 3
+#define ICMP_FRAG_NEEDED 4
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_EXC_TTL 0
+#define ICMP_TIMESTAMP 13
+
+/* An ICMP error the pod-side program sends back to its pod, quoting the
+ * offending packet's IPv4 header (options refused: never quoted) and the
+ * first 8 bytes after it, as RFC 792 asks. */
+struct icmp_error {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct icmphdr icmp;
+	struct iphdr quoted_ip;
+	__u8 quoted_l4[8];
+} __attribute__((packed));
+
 /* Everything pushed in front of the pod's IPv4 packet on encapsulation. */
 struct geneve_encap {
 	struct ethhdr eth;
@@ -123,6 +155,52 @@ static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
 	check += (__u32)bpf_htons(0x0100);
 	iph->check = (__u16)(check + (check >= 0xFFFF));
 	iph->ttl--;
+}
+
+/* Replace the 16-bit word at w (network order) and patch a checksum over it
+ * incrementally (RFC 1624 eqn. 3). */
+static __always_inline void csum_replace16(__u16 *check, __u16 *w, __u16 nw)
+{
+	__u32 sum = (__u16)~*check;
+
+	sum += (__u16)~*w;
+	sum += nw;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	*w = nw;
+	*check = (__u16)~sum;
+}
+
+/* ECN field (RFC 3168): the low two bits of TOS. */
+#define ECN_MASK 0x03
+#define ECN_NOT_ECT 0x00
+#define ECN_ECT1 0x01
+#define ECN_ECT0 0x02
+#define ECN_CE 0x03
+
+/* RFC 6040 decapsulation: the inner ECN field given the outer one, or -1
+ * when the packet must be dropped (CE over a not-ECN-capable packet). */
+static __always_inline int ecn_decap(__u8 outer, __u8 inner)
+{
+	outer &= ECN_MASK;
+	inner &= ECN_MASK;
+	if (outer == ECN_CE)
+		return inner == ECN_NOT_ECT ? -1 : ECN_CE;
+	if (outer == ECN_ECT1 && inner == ECN_ECT0)
+		return ECN_ECT1;
+	return inner;
+}
+
+/* Set the ECN bits of an IPv4 header, checksum patched. */
+static __always_inline void ipv4_set_ecn(struct iphdr *iph, __u8 ecn)
+{
+	__u16 *w = (__u16 *)iph; /* version/ihl, tos */
+	__u16 nw;
+	__u8 *b = (__u8 *)&nw;
+
+	__builtin_memcpy(&nw, w, 2);
+	b[1] = (b[1] & ~ECN_MASK) | ecn;
+	csum_replace16(&iph->check, w, nw);
 }
 
 /* Flow hash: a murmur3-style finaliser over the inner 5-tuple, all fields read

@@ -252,6 +252,14 @@ func FuzzPod(f *testing.F) {
 				binary.BigEndian.Uint16(out[20:]) != 2 || !bytes.Equal(out[22:28], pod1.GatewayMAC) {
 				t.Fatalf("ARP output is not a reply from the gateway\n%s", dump(out))
 			}
+		case len(out) == 70 && bytes.Equal(out[:6], pod1.MAC) && bytes.Equal(out[6:12], pod1.GatewayMAC):
+			// An ICMP error (time exceeded, fragmentation needed) from the
+			// gateway to pod1, quoting the packet.
+			gw, own := pod1.GatewayIP.As4(), pod1.IP.As4()
+			if !ipv4HeaderOK(out[14:34]) || out[23] != 1 || !bytes.Equal(out[26:30], gw[:]) || !bytes.Equal(out[30:34], own[:]) ||
+				(out[34] != 11 && out[34] != 3) || !sameExceptTTL(out[42:70], frame[14:42]) {
+				t.Fatalf("ICMP error does not quote the input\n in:\n%s\nout:\n%s", dump(frame), dump(out))
+			}
 		case len(out) == len(frame):
 			if !sameExceptTTL(out[14:], frame[14:]) || !bytes.Equal(out[6:12], pod1.GatewayMAC) {
 				t.Fatalf("same-host delivery altered the packet\n in:\n%s\nout:\n%s", dump(frame), dump(out))

@@ -65,7 +65,11 @@ const (
 	mizarPodCounterPOD_DROP_VLAN          mizarPodCounter = 12
 	mizarPodCounterPOD_DROP_MAC_MULTICAST mizarPodCounter = 13
 	mizarPodCounterPOD_DROP_MAC_SPOOF     mizarPodCounter = 14
-	mizarPodCounterPOD_MAX                mizarPodCounter = 15
+	mizarPodCounterPOD_ICMP_TIME_EXCEEDED mizarPodCounter = 15
+	mizarPodCounterPOD_ICMP_FRAG_NEEDED   mizarPodCounter = 16
+	mizarPodCounterPOD_DROP_TOO_BIG       mizarPodCounter = 17
+	mizarPodCounterPOD_DROP_REDIRECT      mizarPodCounter = 18
+	mizarPodCounterPOD_MAX                mizarPodCounter = 19
 )
 
 type mizarPodIface struct {
@@ -114,7 +118,9 @@ const (
 	mizarUnderlayCounterUL_DROP_NOT_DROPLET    mizarUnderlayCounter = 16
 	mizarUnderlayCounterUL_DROP_SRC_UNKNOWN    mizarUnderlayCounter = 17
 	mizarUnderlayCounterUL_DROP_SRC_SPOOFED    mizarUnderlayCounter = 18
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 19
+	mizarUnderlayCounterUL_DROP_ECN            mizarUnderlayCounter = 19
+	mizarUnderlayCounterUL_DROP_REDIRECT       mizarUnderlayCounter = 20
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 21
 )
 
 type mizarVpc struct {

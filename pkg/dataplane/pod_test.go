@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
@@ -220,6 +221,14 @@ func TestPodRejects(t *testing.T) {
 	longIHL := append([]byte(nil), good[:14+20+6]...)
 	longIHL[14] = 0x4f
 
+	// No ICMP error about an ICMP error (RFC 1122 3.2.2).
+	ttl1Err := ttl1
+	ttl1Err.proto = layers.IPProtocolICMPv4
+	ttl1Err.payload = nil
+	ttl1ErrFrame := ttl1Err.frame(t)
+	ttl1ErrFrame[14+20] = 3 // destination unreachable, not echo request
+	binary.BigEndian.PutUint16(ttl1ErrFrame[14+20+2:], 0)
+
 	cases := []struct {
 		name  string
 		frame []byte
@@ -233,7 +242,7 @@ func TestPodRejects(t *testing.T) {
 		{"IPv4 header options cut off", longIHL, "drop_malformed"},
 		{"TCP without ports", good[:14+20+2], "drop_malformed"},
 		{"IPv4 header length 16", badIHL, "drop_malformed"},
-		{"TTL 1 leaving the subnet", ttl1.frame(t), "drop_ttl"},
+		{"TTL 1 leaving the subnet, ICMP error", ttl1ErrFrame, "drop_ttl"},
 		{"VPC known, destination unknown", fromPod1("10.7.7.7").frame(t), ""},
 	}
 	// 10.7.7.7 is outside every subnet of VPC 100, whose divider is C: that
@@ -331,5 +340,49 @@ func TestPodLayer2Leaks(t *testing.T) {
 			expectVerdict(t, d.PodProgram(), c.frame, tcShot, nil)
 			expectCounts(t, delta().Pod, c.count)
 		})
+	}
+}
+
+// icmpError is what the pod-side program answers pod1 with about packet p:
+// from the gateway, quoting p's IPv4 header and first 8 bytes after it.
+func icmpError(t testing.TB, p inner, typ, code uint8, rest uint32) []byte {
+	t.Helper()
+	quoted := p.frame(t)[14 : 14+28]
+	icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, code)}
+	icmp.Id, icmp.Seq = uint16(rest>>16), uint16(rest)
+	return serialize(t, true,
+		&layers.Ethernet{SrcMAC: pod1.GatewayMAC, DstMAC: pod1.MAC, EthernetType: layers.EthernetTypeIPv4},
+		&layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: pod1.GatewayIP.AsSlice(), DstIP: pod1.IP.AsSlice()},
+		icmp, gopacket.Payload(quoted))
+}
+
+// Leaving the subnet with TTL 1 answers time exceeded from the gateway, so
+// traceroute shows it; for TCP, UDP and ICMP echo alike.
+func TestPodTTLExpiredAnswersICMP(t *testing.T) {
+	d := fixture(t)
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4} {
+		t.Run(proto.String(), func(t *testing.T) {
+			p := fromPod1("10.1.2.30")
+			p.ttl, p.proto = 1, proto
+			delta := counterDelta(t, d)
+			expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, icmpError(t, p, layers.ICMPv4TypeTimeExceeded, 0, 0))
+			expectCounts(t, delta().Pod, "icmp_time_exceeded")
+		})
+	}
+	// Inside the subnet there is no hop: TTL 1 goes through untouched.
+	p := fromPod1(epLocal.IP.String())
+	p.ttl = 1
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, withMACs(p.frame(t), epLocal.MAC, pod1.GatewayMAC))
+}
+
+// DSCP and ECN of the pod's packet are copied to the outer header.
+func TestPodEncapCopiesDSCPAndECN(t *testing.T) {
+	d := fixture(t)
+	for _, tos := range []uint8{0xb8, 0xb9, 0x2a, 0x03} {
+		p := fromPod1("10.1.1.30")
+		p.tos = tos
+		o := encapTo(hostC, p, vpc1)
+		o.tos = tos
+		expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, o.geneve(t, p.frame(t)))
 	}
 }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -171,9 +172,9 @@ func (n *netNS) sendRaw(tb testing.TB, ifname string, frames ...[]byte) {
 	})
 }
 
-// sendUDP sends one datagram from inside the namespace; its stack picks the
-// source address and builds the headers.
-func (n *netNS) sendUDP(tb testing.TB, dst netip.AddrPort, payload []byte) {
+// sendUDP sends one datagram with this IPv4 TOS byte from inside the
+// namespace; its stack picks the source address and builds the headers.
+func (n *netNS) sendUDP(tb testing.TB, dst netip.AddrPort, tos int, payload []byte) {
 	tb.Helper()
 	n.do(tb, func() error {
 		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
@@ -181,6 +182,16 @@ func (n *netNS) sendUDP(tb testing.TB, dst netip.AddrPort, payload []byte) {
 			return err
 		}
 		defer c.Close()
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TOS, tos)
+		}); err != nil || serr != nil {
+			return fmt.Errorf("set IP_TOS: %w", errors.Join(err, serr))
+		}
 		_, err = c.Write(payload)
 		return err
 	})

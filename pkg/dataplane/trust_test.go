@@ -30,6 +30,15 @@ func carries(frames [][]byte, marker string) bool {
 	return false
 }
 
+// genevePayload is Geneve as a userspace sender writes it (the kernel adds
+// outer IPv4 and UDP): VNI, inner Ethernet, inner packet.
+func genevePayload(tb testing.TB, vni uint32, srcMAC, dstMAC []byte, p inner) []byte {
+	tb.Helper()
+	p.srcMAC, p.dstMAC = srcMAC, dstMAC
+	return serialize(tb, false, &layers.Geneve{Protocol: layers.EthernetTypeTransparentEthernetBridging, VNI: vni},
+		gopacket.Payload(p.frame(tb)))
+}
+
 // settle gives frames in flight time to reach the captures.
 func settle() { time.Sleep(300 * time.Millisecond) }
 
@@ -40,15 +49,9 @@ func TestUnderlayTrustThroughKernel(t *testing.T) {
 	// M reaches every host on the underlay but is no droplet.
 	M := tn.addHost(t, "M")
 
-	// Geneve as a userspace sender writes it (the kernel adds outer IPv4
-	// and UDP): VNI, inner Ethernet to the pod, inner packet.
-	geneve := func(vni uint32, to *testPod, p inner) []byte {
-		p.srcMAC, p.dstMAC = a.mac, to.mac
-		return serialize(t, false, &layers.Geneve{Protocol: layers.EthernetTypeTransparentEthernetBridging, VNI: vni},
-			gopacket.Payload(p.frame(t)))
-	}
+	geneve := func(vni uint32, to *testPod, p inner) []byte { return genevePayload(t, vni, a.mac, to.mac, p) }
 	send := func(from *testHost, to *testHost, payload []byte) {
-		from.ns.sendUDP(t, netip.AddrPortFrom(to.ip, 6081), payload)
+		from.ns.sendUDP(t, netip.AddrPortFrom(to.ip, 6081), 0, payload)
 	}
 
 	cases := []struct {

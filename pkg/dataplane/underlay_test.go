@@ -318,3 +318,39 @@ func TestUnderlayTrust(t *testing.T) {
 	expectVerdict(t, prog, fromA(vpc1).geneve(t, podPacket("10.1.1.10").frame(t)), xdpDrop, nil)
 	expectCounts(t, delta().Underlay, "rx", "drop_not_droplet")
 }
+
+// RFC 6040 decapsulation: CE on the outer header reaches an ECN-capable
+// inner packet (checksum patched), is refused over a not-ECT one; ECT(1)
+// outer over ECT(0) inner gives ECT(1); DSCP inside stays the sender's.
+func TestUnderlayDecapECN(t *testing.T) {
+	d := fixture(t)
+	cases := []struct {
+		outer, inner, want uint8 // TOS bytes
+	}{
+		{0x00, 0xb8, 0xb8},
+		{0xb8, 0x00, 0x00}, // outer DSCP is not copied inward
+		{0x03, 0xb9, 0xbb},
+		{0x03, 0x2a, 0x2b},
+		{0x03, 0x03, 0x03},
+		{0x01, 0x02, 0x01},
+		{0x02, 0x01, 0x01},
+		{0x01, 0x00, 0x00},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("outer %#02x inner %#02x", c.outer, c.inner), func(t *testing.T) {
+			p := podPacket("10.1.1.10")
+			p.tos = c.inner
+			o := fromA(vpc1)
+			o.tos = c.outer
+			want := p
+			want.tos = c.want
+			expectVerdict(t, d.UnderlayProgram(), o.geneve(t, p.frame(t)), xdpRedirect, withMACs(want.frame(t), pod1.MAC, nil))
+		})
+	}
+	p := podPacket("10.1.1.10")
+	o := fromA(vpc1)
+	o.tos = 0x03
+	delta := counterDelta(t, d)
+	expectVerdict(t, d.UnderlayProgram(), o.geneve(t, p.frame(t)), xdpDrop, nil)
+	expectCounts(t, delta().Underlay, "rx", "drop_ecn")
+}
