@@ -160,8 +160,31 @@ int mizar_underlay(struct xdp_md *ctx)
 		/* Outer TTL guards against a loop between misconfigured hosts. */
 		if (iph->ttl <= 1)
 			return ul_drop(UL_DROP_TTL);
-		copy_mac(eth->h_dest, r.next.mac);
-		self_mac(eth->h_source);
+		__u32 out_ifindex = ctx->ingress_ifindex;
+
+		if (mac_is_zero(r.next.mac)) {
+			/* Not an L2 neighbour: the kernel FIB names the next
+			 * hop (a router) and its MAC. XDP cannot wait for ARP;
+			 * the host's own traffic keeps its router resolved. */
+			struct bpf_fib_lookup fib = {
+				.family = 2 /* AF_INET */,
+				.ifindex = host.underlay_ifindex,
+				.ipv4_src = self,
+				.ipv4_dst = load_u32(r.next.ip),
+			};
+			int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+
+			if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+				return ul_drop(UL_DROP_NO_NEIGH);
+			if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+				return ul_drop(UL_DROP_NO_ROUTE);
+			copy_mac(eth->h_dest, fib.dmac);
+			copy_mac(eth->h_source, fib.smac);
+			out_ifindex = fib.ifindex;
+		} else {
+			copy_mac(eth->h_dest, r.next.mac);
+			self_mac(eth->h_source);
+		}
 		iph->saddr = self;
 		iph->daddr = load_u32(r.next.ip);
 		iph->ttl--;
@@ -180,6 +203,8 @@ int mizar_underlay(struct xdp_md *ctx)
 			count_ul(UL_FWD_DIVIDER);
 			break;
 		}
+		if (out_ifindex != ctx->ingress_ifindex)
+			return bpf_redirect(out_ifindex, 0);
 		return XDP_TX;
 	}
 
@@ -524,5 +549,10 @@ int mizar_pod(struct __sk_buff *skb)
 
 	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
 		return pod_drop(POD_DROP_ENCAP);
+	/* Not an L2 neighbour (zero MAC): the kernel routes the outer
+	 * header, resolving the next hop's MAC (queueing the packet while it
+	 * ARPs) and writing both MACs. */
+	if (mac_is_zero(r.next.mac))
+		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), POD_ENCAP);
 	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), POD_ENCAP);
 }

@@ -26,7 +26,10 @@
 #define SPORT_BASE 0xC000
 #define SPORT_MASK 0x3FFF
 
-/* A host on the underlay: where to send a packet next. */
+/* A host on the underlay: where to send a packet next. A zero MAC means
+ * "not on this host's L2 segment": the kernel FIB picks the next hop and its
+ * MAC (bpf_fib_lookup, bpf_redirect_neigh). A MAC given is used as is,
+ * without a FIB lookup: the fast path between L2 neighbours. */
 struct hop {
 	__u8 ip[4];
 	__u8 mac[6];
@@ -41,7 +44,7 @@ struct endpoint_key {
 
 struct endpoint {
 	__u8 host_ip[4];  /* host of the endpoint (this host's IP if local) */
-	__u8 host_mac[6]; /* that host's underlay MAC */
+	__u8 host_mac[6]; /* that host's underlay MAC; zero = ask the FIB (see hop) */
 	__u8 mac[6];      /* the endpoint's own MAC, written as inner destination */
 	__u32 ifindex;    /* host-side veth in the host netns; 0 = remote */
 };
@@ -119,6 +122,8 @@ enum underlay_counter {
 	UL_DROP_SRC_SPOOFED,    /* inner source lives elsewhere than the outer source */
 	UL_DROP_ECN,            /* outer CE over a not-ECN-capable inner packet (RFC 6040) */
 	UL_DROP_REDIRECT,       /* bpf_redirect refused the target */
+	UL_DROP_NO_ROUTE,       /* FIB: no usable route to the next droplet */
+	UL_DROP_NO_NEIGH,       /* FIB: next hop's neighbour entry not resolved yet */
 	UL_MAX,
 };
 

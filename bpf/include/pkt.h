@@ -103,6 +103,16 @@ static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
 	__builtin_memcpy(dst, src, ETH_ALEN);
 }
 
+static __always_inline int mac_is_zero(const __u8 *m)
+{
+	__u32 a;
+	__u16 b;
+
+	__builtin_memcpy(&a, m, 4);
+	__builtin_memcpy(&b, m + 4, 2);
+	return (a | b) == 0;
+}
+
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
 	/* Compared as a 4- and a 2-byte word: one branch, no loop. */

@@ -16,7 +16,8 @@ import (
 func TestMapsRoundTrip(t *testing.T) {
 	d := loadTest(t)
 
-	eps := []Endpoint{epPod1, epRemote, epVPC2}
+	routed := Endpoint{VNI: vpc1, IP: addr("10.1.9.9"), MAC: remoteMAC, HostIP: addr("198.18.9.9")}
+	eps := []Endpoint{epPod1, epRemote, epVPC2, routed}
 	for _, ep := range eps {
 		must(t, d.UpsertEndpoint(ep))
 	}
@@ -37,7 +38,8 @@ func TestMapsRoundTrip(t *testing.T) {
 		t.Fatalf("subnets %+v, want %+v", subnets, sn)
 	}
 
-	vpc := VPC{VNI: vpc2, Dividers: []Hop{hostC}}
+	// A divider behind a router has no MAC: the FIB finds its next hop.
+	vpc := VPC{VNI: vpc2, Dividers: []Hop{hostC, {IP: addr("198.18.9.9")}}}
 	must(t, d.UpsertVPC(vpc))
 	vpcs, err := d.VPCs()
 	must(t, err)
@@ -93,7 +95,7 @@ func TestMapsRoundTrip(t *testing.T) {
 	if len(drops) != 1 || len(relays) != 1 {
 		t.Fatalf("after deletes: droplets %v, relays %v; want B and VPC %d's", drops, relays, vpc2)
 	}
-	if len(got) != 2 || len(subnets)+len(vpcs)+len(ifs) != 0 {
+	if len(got) != 3 || len(subnets)+len(vpcs)+len(ifs) != 0 {
 		t.Fatalf("after deletes: %d endpoints, %d subnets, %d vpcs, %d pod interfaces", len(got), len(subnets), len(vpcs), len(ifs))
 	}
 }
@@ -133,7 +135,7 @@ func TestMapInputValidation(t *testing.T) {
 		{"prefix with host bits", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("10.1.1.5/24")}), "host bits"},
 		{"IPv6 prefix", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("fd00::/64")}), "not an IPv4 prefix"},
 		{"too many bouncers", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Bouncers: tooMany}), "at most 16"},
-		{"divider without MAC", d.UpsertVPC(VPC{VNI: 1, Dividers: []Hop{{IP: hostA.IP}}}), "hop MAC"},
+		{"divider with a short MAC", d.UpsertVPC(VPC{VNI: 1, Dividers: []Hop{{IP: hostA.IP, MAC: net.HardwareAddr{1}}}}), "hop MAC"},
 		{"pod IP outside its subnet", d.UpsertPodInterface(badPod), "outside its subnet"},
 		{"pod ifindex 0", d.UpsertPodInterface(PodInterface{}), "ifindex 0"},
 		{"multicast pod MAC", d.UpsertPodInterface(mcastPod), "multicast"},

@@ -23,7 +23,9 @@ type Endpoint struct {
 	// when a packet is delivered to it.
 	MAC net.HardwareAddr
 	// HostIP and HostMAC are the underlay address of the endpoint's host.
-	// Required for remote endpoints; informational for local ones.
+	// HostIP is required for remote endpoints; informational for local
+	// ones. HostMAC as in Hop: nil when the host is not on this host's L2
+	// segment.
 	HostIP  netip.Addr
 	HostMAC net.HardwareAddr
 	// Ifindex is the host-side veth (in the host netns) of an endpoint on this
@@ -34,7 +36,16 @@ type Endpoint struct {
 // Hop is a host on the underlay that can take a packet on: a bouncer or a
 // divider.
 type Hop struct {
-	IP  netip.Addr
+	IP netip.Addr
+	// MAC of the hop's underlay interface when it shares this host's L2
+	// segment: frames go straight to it, no FIB lookup. nil for a droplet
+	// behind a router: the kernel FIB picks the next hop and its MAC
+	// (bpf_fib_lookup on the underlay, bpf_redirect_neigh on the pod side).
+	// The underlay program cannot wait for ARP: a bouncer or divider drops
+	// (drop_no_neigh) until the kernel has resolved its router, which the
+	// host's own traffic does. The kernel answers FIB lookups only with
+	// IPv4 forwarding on for the underlay interface (drop_no_route
+	// otherwise), as it is on Kubernetes nodes.
 	MAC net.HardwareAddr
 }
 
@@ -91,7 +102,7 @@ func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
 			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
 		}
 	}
-	if ep.Ifindex == 0 || ep.HostMAC != nil {
+	if ep.HostMAC != nil {
 		if v.HostMac, err = mac("endpoint host MAC", ep.HostMAC); err != nil {
 			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
 		}
@@ -423,6 +434,10 @@ func hops(dst *[MaxHops]mizarHop, src []Hop) (uint32, error) {
 		if dst[i].Ip, err = ipv4("hop IP", h.IP); err != nil {
 			return 0, err
 		}
+		if h.MAC == nil {
+			dst[i].Mac = [6]byte{}
+			continue // behind a router: the FIB decides
+		}
 		if dst[i].Mac, err = mac("hop MAC", h.MAC); err != nil {
 			return 0, err
 		}
@@ -434,7 +449,11 @@ func fromHops(src []mizarHop, n uint32) []Hop {
 	n = min(n, uint32(len(src)))
 	out := make([]Hop, 0, n)
 	for _, h := range src[:n] {
-		out = append(out, Hop{IP: netip.AddrFrom4(h.Ip), MAC: hwaddr(h.Mac)})
+		hop := Hop{IP: netip.AddrFrom4(h.Ip)}
+		if h.Mac != [6]byte{} {
+			hop.MAC = hwaddr(h.Mac)
+		}
+		out = append(out, hop)
 	}
 	return out
 }

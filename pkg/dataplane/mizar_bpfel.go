@@ -120,7 +120,9 @@ const (
 	mizarUnderlayCounterUL_DROP_SRC_SPOOFED    mizarUnderlayCounter = 18
 	mizarUnderlayCounterUL_DROP_ECN            mizarUnderlayCounter = 19
 	mizarUnderlayCounterUL_DROP_REDIRECT       mizarUnderlayCounter = 20
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 21
+	mizarUnderlayCounterUL_DROP_NO_ROUTE       mizarUnderlayCounter = 21
+	mizarUnderlayCounterUL_DROP_NO_NEIGH       mizarUnderlayCounter = 22
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 23
 )
 
 type mizarVpc struct {
