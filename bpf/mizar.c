@@ -101,6 +101,17 @@ int mizar_underlay(struct xdp_md *ctx)
 		return ul_drop(UL_DROP_GENEVE);
 
 	__u32 optlen = (gnv->ver_optlen & 0x3f) * 4;
+	struct geneve_opt_host *opt = NULL;
+
+	/* Mizar writes at most its one option; anything else is skipped. */
+	if (optlen == SRC_HOST_OPT_LEN) {
+		struct geneve_opt_host *o = (void *)(gnv + 1);
+
+		if ((void *)(o + 1) > data_end)
+			return ul_drop(UL_DROP_MALFORMED);
+		if (o->opt_class == bpf_htons(MIZAR_OPT_CLASS) && o->type == MIZAR_OPT_SRC_HOST && (o->len & 0x1f) == 1)
+			opt = o;
+	}
 	struct ethhdr *ieth = (void *)(gnv + 1) + optlen;
 	struct iphdr *iip = (void *)(ieth + 1);
 
@@ -124,8 +135,10 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 vni = vni_of(gnv);
 
 	route_lookup(&r, vni, iip->daddr, pick, self);
+	int from_relay = 0;
+
 	if (r.kind != RT_DROP) {
-		int refusal = src_refusal(vni, iph->saddr, iip->saddr);
+		int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay);
 
 		if (refusal)
 			return ul_drop(refusal);
@@ -140,6 +153,20 @@ int mizar_underlay(struct xdp_md *ctx)
 			return ul_drop(UL_DROP_ECN);
 		if (ecn != (iip->tos & ECN_MASK))
 			ipv4_set_ecn(iip, ecn);
+		/* A relay vouches for where the inner source lives. */
+		if (from_relay && opt && host.learn_ns) {
+			__u32 sender = load_u32(opt->host);
+
+			if (sender && sender != self) {
+				struct endpoint_key k = { .vni = vni };
+				struct learned_entry v = { .expires = bpf_ktime_get_ns() + host.learn_ns };
+
+				store_u32(k.ip, iip->saddr);
+				store_u32(v.host_ip, sender);
+				if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
+					count_ul(UL_LEARN);
+			}
+		}
 		copy_mac(ieth->h_dest, r.dst_mac);
 		int off = (void *)ieth - data;
 
@@ -160,6 +187,19 @@ int mizar_underlay(struct xdp_md *ctx)
 		/* Outer TTL guards against a loop between misconfigured hosts. */
 		if (iph->ttl <= 1)
 			return ul_drop(UL_DROP_TTL);
+		/* A relay forwards under its own address (trusted for the whole
+		 * VPC) and writes the sender it verified into the option. Any other
+		 * host only re-bounces what a sender sent it directly (to a pod
+		 * no longer here): under the sender's address, so the next relay
+		 * checks the sender, not us. */
+		int self_relay = is_relay(vni, self);
+
+		if (!self_relay && from_relay)
+			return ul_drop(UL_DROP_UNKNOWN_DST);
+		if (self_relay && !from_relay && opt) {
+			store_u32(opt->host, iph->saddr);
+			count_ul(UL_STAMP);
+		}
 		__u32 out_ifindex = ctx->ingress_ifindex;
 
 		if (mac_is_zero(r.next.mac)) {
@@ -185,7 +225,10 @@ int mizar_underlay(struct xdp_md *ctx)
 			copy_mac(eth->h_dest, r.next.mac);
 			self_mac(eth->h_source);
 		}
-		iph->saddr = self;
+		if (self_relay)
+			iph->saddr = self;
+		else
+			count_ul(UL_REBOUNCE);
 		iph->daddr = load_u32(r.next.ip);
 		iph->ttl--;
 		iph->check = ipv4_csum(iph);
@@ -375,6 +418,80 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	return pod_redirected(bpf_redirect(skb->ifindex, 0), POD_ARP_REPLY);
 }
 
+/* Encapsulate the pod's IPv4 packet toward r->next and send it out of the
+ * underlay, counting done. with_opt adds the sending-host option. */
+static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_iface *cfg,
+				     const struct route *r, const __u8 *idst, const __u8 *isrc,
+				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
+{
+	struct geneve_encap_opt h = {};
+	const __u32 hlen = with_opt ? sizeof(struct geneve_encap_opt) : sizeof(struct geneve_encap);
+	/* Without the option the inner Ethernet header sits where it starts. */
+	struct ethhdr *inner = with_opt ? &h.inner : (struct ethhdr *)&h.opt;
+
+	copy_mac(inner->h_dest, idst);
+	copy_mac(inner->h_source, isrc);
+	inner->h_proto = bpf_htons(ETH_P_IP);
+
+	/* Room for outer IPv4 + UDP + Geneve (+ option) + inner Ethernet after
+	 * the MAC header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL
+	 * with inner Ethernet (TEB), segmented after us; FIXED_GSO keeps
+	 * gso_size because the pod's MTU already leaves room for the 50 bytes
+	 * (the option is only added to packets that fit it). */
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
+		      BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+
+	if (bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, flags))
+		return pod_drop(POD_DROP_ENCAP);
+
+	__u32 len = skb->len;
+
+	/* Built apart from the packed header so its 16-bit words are aligned
+	 * for the checksum loop. */
+	struct iphdr ip = {};
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = tos;
+	ip.tot_len = bpf_htons(len - ETH_HLEN);
+	ip.frag_off = bpf_htons(IP_DF); /* never fragment on the underlay */
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_UDP;
+	ip.saddr = self_ip();
+	ip.daddr = load_u32(r->next.ip);
+	ip.check = ipv4_csum(&ip);
+
+	copy_mac(h.eth.h_dest, r->next.mac);
+	self_mac(h.eth.h_source);
+	h.eth.h_proto = bpf_htons(ETH_P_IP);
+	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
+	h.udp.source = bpf_htons(sport);
+	h.udp.dest = bpf_htons(GENEVE_PORT);
+	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
+	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
+	h.gnv.proto = bpf_htons(ETH_P_TEB_);
+	h.gnv.vni[0] = cfg->vni >> 16;
+	h.gnv.vni[1] = cfg->vni >> 8;
+	h.gnv.vni[2] = cfg->vni;
+	if (with_opt) {
+		h.gnv.ver_optlen = SRC_HOST_OPT_LEN / 4;
+		h.opt.opt_class = bpf_htons(MIZAR_OPT_CLASS);
+		h.opt.type = MIZAR_OPT_SRC_HOST;
+		h.opt.len = 1;
+		store_u32(h.opt.host, ip.saddr); /* the first relay overwrites it */
+	}
+
+	if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
+		return pod_drop(POD_DROP_ENCAP);
+	/* Not an L2 neighbour (zero MAC): the kernel routes the outer
+	 * header, resolving the next hop's MAC (queueing the packet while it
+	 * ARPs) and writing both MACs. */
+	if (mac_is_zero(r->next.mac))
+		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
+	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), done);
+}
+
 SEC("tc")
 int mizar_pod(struct __sk_buff *skb)
 {
@@ -479,6 +596,8 @@ int mizar_pod(struct __sk_buff *skb)
 	/* DSCP and ECN are copied to the outer header (RFC 6040 normal mode:
 	 * the underlay may mark CE, decapsulation carries it inward). */
 	__u8 tos = iph->tos;
+	__u32 saddr = iph->saddr;
+	int fits_opt = 0;
 
 	/* The pod's MTU leaves room for Geneve; a pod that sends more anyway
 	 * learns the path MTU, unless it allows fragmenting, which is not done
@@ -486,9 +605,11 @@ int mizar_pod(struct __sk_buff *skb)
 	if (!skb->gso_size) {
 		__u32 mtu = 0;
 		__u16 frag_off = iph->frag_off;
+		int rc = bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0);
 
-		if (bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0) ==
-		    BPF_MTU_CHK_RET_FRAG_NEEDED) {
+		/* Room for the sending-host option too? */
+		fits_opt = rc == 0 && skb->len - ETH_HLEN + GENEVE_OVERHEAD + SRC_HOST_OPT_LEN <= mtu;
+		if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED) {
 			if (!(frag_off & bpf_htons(IP_DF)) || mtu <= GENEVE_OVERHEAD)
 				return pod_drop(POD_DROP_TOO_BIG);
 			int ret = pod_icmp_error(skb, cfg, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
@@ -498,61 +619,50 @@ int mizar_pod(struct __sk_buff *skb)
 		}
 	}
 
-	struct geneve_encap h = {};
+	/* Through a relay (the agent named no host for daddr): go direct if
+	 * a relay taught us where daddr lives and this pod has been introduced
+	 * to that host; otherwise through the relay, introducing the pod. */
+	enum pod_counter done = POD_ENCAP;
+	int with_opt = 0;
+
+	if (r.via != VIA_ENDPOINT && host.learn_ns) {
+		__u64 now = bpf_ktime_get_ns();
+		__u32 peer = learned_host(cfg->vni, daddr, now);
+
+		with_opt = fits_opt;
+		if (peer) {
+			struct intro_key ik = { .vni = cfg->vni };
+
+			store_u32(ik.ip, saddr);
+			store_u32(ik.host_ip, peer);
+			__u64 *t = bpf_map_lookup_elem(&introduced, &ik);
+			__u64 age = t ? now - *t : ~0ULL;
+
+			/* Direct from INTRODUCE_DELAY_NS (the introduction has
+			 * arrived) to half the lifetime; then the next packet
+			 * that fits the option introduces again (refreshing the
+			 * peer's entry), bigger ones stay direct until 3/4. */
+			if (age >= INTRODUCE_DELAY_NS &&
+			    (age < host.learn_ns / 2 || (!fits_opt && age < host.learn_ns / 4 * 3))) {
+				store_u32(r.next.ip, peer);
+				__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+				with_opt = 0;
+				done = POD_ENCAP_LEARNED;
+			} else if (fits_opt && age >= INTRODUCE_DELAY_NS) {
+				bpf_map_update_elem(&introduced, &ik, &now, BPF_ANY);
+				done = POD_INTRODUCE;
+			}
+		}
+	}
 
 	/* Inner Ethernet: the endpoint's MAC when known (the delivering host
 	 * rewrites it anyway), the gateway as source when routed. */
-	copy_mac(h.inner.h_dest, r.has_mac ? r.dst_mac : eth->h_dest);
-	copy_mac(h.inner.h_source, cross ? cfg->gw_mac : eth->h_source);
-	h.inner.h_proto = bpf_htons(ETH_P_IP);
+	__u8 idst[ETH_ALEN], isrc[ETH_ALEN];
 
-	/* Room for outer IPv4 + UDP + Geneve + inner Ethernet after the MAC
-	 * header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL with inner
-	 * Ethernet (TEB), segmented after us; FIXED_GSO keeps gso_size because
-	 * the pod's MTU already leaves room for the 50 bytes. */
-	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
-		      BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
-		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
-
-	if (bpf_skb_adjust_room(skb, GENEVE_OVERHEAD, BPF_ADJ_ROOM_MAC, flags))
-		return pod_drop(POD_DROP_ENCAP);
-
-	__u32 len = skb->len;
-
-	/* Built apart from the packed header so its 16-bit words are aligned
-	 * for the checksum loop. */
-	struct iphdr ip = {};
-
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.tos = tos;
-	ip.tot_len = bpf_htons(len - ETH_HLEN);
-	ip.frag_off = bpf_htons(IP_DF); /* never fragment on the underlay */
-	ip.ttl = OUTER_TTL;
-	ip.protocol = IPPROTO_UDP;
-	ip.saddr = self_ip();
-	ip.daddr = load_u32(r.next.ip);
-	ip.check = ipv4_csum(&ip);
-
-	copy_mac(h.eth.h_dest, r.next.mac);
-	self_mac(h.eth.h_source);
-	h.eth.h_proto = bpf_htons(ETH_P_IP);
-	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
-	h.udp.source = bpf_htons(sport);
-	h.udp.dest = bpf_htons(GENEVE_PORT);
-	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
-	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
-	h.gnv.proto = bpf_htons(ETH_P_TEB_);
-	h.gnv.vni[0] = cfg->vni >> 16;
-	h.gnv.vni[1] = cfg->vni >> 8;
-	h.gnv.vni[2] = cfg->vni;
-
-	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
-		return pod_drop(POD_DROP_ENCAP);
-	/* Not an L2 neighbour (zero MAC): the kernel routes the outer
-	 * header, resolving the next hop's MAC (queueing the packet while it
-	 * ARPs) and writing both MACs. */
-	if (mac_is_zero(r.next.mac))
-		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), POD_ENCAP);
-	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), POD_ENCAP);
+	copy_mac(idst, r.has_mac ? r.dst_mac : eth->h_dest);
+	copy_mac(isrc, cross ? cfg->gw_mac : eth->h_source);
+	/* Two inlined copies, so each has constant sizes. */
+	if (with_opt)
+		return pod_encap(skb, cfg, &r, idst, isrc, tos, sport, 1, done);
+	return pod_encap(skb, cfg, &r, idst, isrc, tos, sport, 0, done);
 }

@@ -20,6 +20,21 @@
 /* TTL of the outer IPv4 header written on encapsulation. */
 #define OUTER_TTL 64
 
+/* Direct-path learning. A pod's packet that goes through a bouncer or
+ * divider carries, when it fits the underlay MTU, one Geneve option naming
+ * the sending host. The sender writes its own address; the first relay
+ * overwrites it with the outer source it verified; the delivering host
+ * trusts it only from a relay, and learns "this pod lives there" into
+ * learned: for trust (accept that pod directly from that host) and for
+ * routing (send to that pod directly). A host goes direct to a learned
+ * destination only once it has introduced the sending pod to that host the
+ * same way (introduced), INTRODUCE_DELAY_NS earlier, so the peer can check
+ * the direct packets. */
+#define MIZAR_OPT_CLASS 0x0111 /* Mizar's Geneve option class */
+#define MIZAR_OPT_SRC_HOST 0x01 /* non-critical: 4 bytes, the sender's host */
+#define SRC_HOST_OPT_LEN 8      /* option header 4 + IPv4 4 */
+#define INTRODUCE_DELAY_NS 5000000ULL /* the introduction's bounced path vs the direct one */
+
 /* Outer UDP source ports come from the flow hash, in 49152..65535 (RFC 6335
  * dynamic range): SPORT_BASE | (hash & SPORT_MASK). The same 14 bits pick the
  * bouncer/divider everywhere, so every hop agrees on a flow's path. */
@@ -90,12 +105,29 @@ struct pod_iface {
 	__u32 subnet_len;   /* its prefix length (0..32) */
 };
 
+/* learned: (vni, ip) -> where that endpoint was last seen sending from,
+ * per a relay. LRU: entries for pods nobody talks to any more fall out. */
+struct learned_entry {
+	__u8 host_ip[4];
+	__u32 pad;
+	__u64 expires; /* bpf_ktime_get_ns() after which it is not used */
+};
+
+/* introduced: (vni, local pod ip, peer host) -> when the pod was last
+ * introduced to that host (bpf_ktime_get_ns). */
+struct intro_key {
+	__u32 vni;
+	__u8 ip[4];
+	__u8 host_ip[4];
+};
+
 /* Load-time constants (see host in mizar.c). */
 struct host_config {
 	__u8 ip[4];
 	__u8 mac[6];
 	__u8 pad[2];
 	__u32 underlay_ifindex;
+	__u64 learn_ns; /* lifetime of a learned entry; 0 = never learn */
 };
 
 /* Per-CPU counters of the underlay program; names are read from BTF by Go
@@ -124,6 +156,9 @@ enum underlay_counter {
 	UL_DROP_REDIRECT,       /* bpf_redirect refused the target */
 	UL_DROP_NO_ROUTE,       /* FIB: no usable route to the next droplet */
 	UL_DROP_NO_NEIGH,       /* FIB: next hop's neighbour entry not resolved yet */
+	UL_LEARN,               /* learned where an inner source lives, from a relay */
+	UL_STAMP,               /* relay: wrote the verified sender into the option */
+	UL_REBOUNCE,            /* not a relay: sent on to a relay, outer source kept */
 	UL_MAX,
 };
 
@@ -148,5 +183,7 @@ enum pod_counter {
 	POD_ICMP_FRAG_NEEDED,   /* DF packet too big for the underlay: ICMP sent */
 	POD_DROP_TOO_BIG,       /* too big for the underlay, DF clear (no fragmenting here) */
 	POD_DROP_REDIRECT,      /* bpf_redirect/bpf_redirect_peer refused the target */
+	POD_ENCAP_LEARNED,      /* encapsulated straight to a learned host */
+	POD_INTRODUCE,          /* bounced with the option to introduce the pod to a learned host */
 	POD_MAX,
 };

@@ -73,6 +73,14 @@ struct icmp_error {
 	__u8 quoted_l4[8];
 } __attribute__((packed));
 
+/* Mizar's one Geneve option: the sending host (see mizar.h). */
+struct geneve_opt_host {
+	__be16 opt_class;
+	__u8 type;
+	__u8 len; /* R:3 | data length in 4-byte words:5 */
+	__u8 host[4];
+} __attribute__((packed));
+
 /* Everything pushed in front of the pod's IPv4 packet on encapsulation. */
 struct geneve_encap {
 	struct ethhdr eth;
@@ -82,8 +90,19 @@ struct geneve_encap {
 	struct ethhdr inner;
 } __attribute__((packed));
 
+/* The same, with the sending-host option. */
+struct geneve_encap_opt {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	struct genevehdr gnv;
+	struct geneve_opt_host opt;
+	struct ethhdr inner;
+} __attribute__((packed));
+
 _Static_assert(sizeof(struct geneve_encap) == ETH_HLEN + GENEVE_OVERHEAD,
 	       "encap header must be the 50-byte Geneve overhead plus outer Ethernet");
+_Static_assert(sizeof(struct geneve_opt_host) == SRC_HOST_OPT_LEN, "sending-host option is 8 bytes");
 
 static __always_inline __u32 load_u32(const __u8 *p)
 {

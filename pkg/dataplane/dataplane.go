@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -71,7 +72,17 @@ type Options struct {
 	HostMAC net.HardwareAddr
 	// XDPMode is how AttachUnderlay attaches (XDPDriver by default).
 	XDPMode XDPMode
+	// LearnLifetime is how long a learned direct path lives without being
+	// refreshed (see Learned). 0 means DefaultLearnLifetime; negative turns
+	// learning off: traffic the agent names no host for always goes
+	// through a relay.
+	LearnLifetime time.Duration
 }
+
+// DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
+// their paths every half lifetime; an endpoint that moved without the agent
+// telling this host (ForgetLearned) is re-bounced until its entry expires.
+const DefaultLearnLifetime = 30 * time.Second
 
 // Datapath is a loaded set of mizar programs and its pinned maps.
 type Datapath struct {
@@ -109,6 +120,12 @@ func Load(opts Options) (*Datapath, error) {
 	host := mizarHostConfig{
 		Ip:              opts.HostIP.Unmap().As4(),
 		UnderlayIfindex: uint32(opts.UnderlayIfindex),
+	}
+	switch {
+	case opts.LearnLifetime == 0:
+		host.LearnNs = uint64(DefaultLearnLifetime)
+	case opts.LearnLifetime > 0:
+		host.LearnNs = uint64(opts.LearnLifetime)
 	}
 	copy(host.Mac[:], opts.HostMAC)
 	if err := spec.Variables[mizarVarHost].Set(host); err != nil {
@@ -153,6 +170,10 @@ func (o *Options) validate() error {
 	}
 	if _, err := mac("host MAC", o.HostMAC); err != nil {
 		return err
+	}
+	if o.LearnLifetime > 0 && o.LearnLifetime < time.Second {
+		// The introduction delay and refresh at half the lifetime need room.
+		return fmt.Errorf("learn lifetime %v: at least 1s (or negative to turn learning off)", o.LearnLifetime)
 	}
 	if o.XDPMode != XDPDriver && o.XDPMode != XDPGeneric {
 		return fmt.Errorf("unknown XDP mode %d", int(o.XDPMode))

@@ -8,7 +8,8 @@ import (
 // The unit-test world, seen from host H:
 //
 //	VPC 100: subnet 10.1.1.0/24 (bouncer C), 10.1.2.0/24 (bouncer B),
-//	         10.1.3.0/24 (bouncers B, C, D), dividers [C]: relays B, C, D.
+//	         10.1.3.0/24 (bouncers B, C, D), dividers [C]: relays B, C, D and
+//	         H (the tests make H forward as a bouncer and a divider).
 //	         pods here: pod1 10.1.1.10 (ifindex 1), 10.1.1.11 (ifindex 7),
 //	         10.1.2.11 (ifindex 8); remote: 10.1.1.20 on B, 10.1.1.99 on A.
 //	VPC 200: subnet 10.1.1.0/24 (bouncer H: this host), dividers [H]: relay H.
@@ -68,7 +69,7 @@ func fixture(tb testing.TB) *Datapath {
 	for _, h := range []Hop{hostA, hostB, hostC, hostD} {
 		must(d.UpsertDroplet(h.IP))
 	}
-	must(d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostC.IP, hostD.IP}))
+	must(d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostC.IP, hostD.IP, hostH.IP}))
 	must(d.SetRelays(vpc2, []netip.Addr{hostH.IP}))
 	return d
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // MaxVNI is the largest Geneve VNI (24 bits). VNI 0 is reserved.
@@ -110,7 +112,8 @@ func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
 	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
 		return fmt.Errorf("put endpoint (%d, %s): %w", ep.VNI, ep.IP, err)
 	}
-	return nil
+	// What the agent says replaces what was learned (a move, a new pod).
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }
 
 // DeleteEndpoint removes an endpoint; a missing one is not an error.
@@ -119,7 +122,10 @@ func (d *Datapath) DeleteEndpoint(vni uint32, ip netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("endpoint: %w", err)
 	}
-	return deleteKey(d.objs.Endpoints, &k, "endpoint")
+	if err := deleteKey(d.objs.Endpoints, &k, "endpoint"); err != nil {
+		return err
+	}
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }
 
 // Endpoints lists the endpoints map.
@@ -572,4 +578,50 @@ func dropletKey(ip netip.Addr) (mizarDropletKey, error) {
 		return mizarDropletKey{}, err
 	}
 	return mizarDropletKey{Ip: a}, nil
+}
+
+// LearnedEndpoint is an entry of the learned map: where a relay said an
+// endpoint lives (direct-path learning, see bpf/include/mizar.h).
+type LearnedEndpoint struct {
+	VNI    uint32
+	IP     netip.Addr
+	HostIP netip.Addr
+	// TTL is how much longer the entry is used; <= 0 once expired (it
+	// stays in the LRU map until evicted or refreshed).
+	TTL time.Duration
+}
+
+// Learned lists the learned map.
+func (d *Datapath) Learned() ([]LearnedEndpoint, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("read the monotonic clock: %w", err)
+	}
+	now := ts.Nano() // bpf_ktime_get_ns is CLOCK_MONOTONIC
+	var (
+		k   mizarEndpointKey
+		v   mizarLearnedEntry
+		out []LearnedEndpoint
+	)
+	it := d.objs.Learned.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, LearnedEndpoint{VNI: k.Vni, IP: netip.AddrFrom4(k.Ip), HostIP: netip.AddrFrom4(v.HostIp),
+			TTL: time.Duration(int64(v.Expires) - now)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list learned endpoints: %w", err)
+	}
+	return out, nil
+}
+
+// ForgetLearned drops what was learned about (vni, ip): the agent calls it
+// when an endpoint is deleted or moves, so no packet is sent to its old host.
+// UpsertEndpoint and DeleteEndpoint do it too. A missing entry is not an
+// error.
+func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) error {
+	k, err := endpointKey(vni, ip)
+	if err != nil {
+		return fmt.Errorf("learned endpoint: %w", err)
+	}
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }

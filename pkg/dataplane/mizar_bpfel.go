@@ -45,6 +45,21 @@ type mizarHostConfig struct {
 	Mac             [6]uint8
 	Pad             [2]uint8
 	UnderlayIfindex uint32
+	LearnNs         uint64
+}
+
+type mizarIntroKey struct {
+	_      structs.HostLayout
+	Vni    uint32
+	Ip     [4]uint8
+	HostIp [4]uint8
+}
+
+type mizarLearnedEntry struct {
+	_       structs.HostLayout
+	HostIp  [4]uint8
+	Pad     uint32
+	Expires uint64
 }
 
 type mizarPodCounter uint32
@@ -69,7 +84,9 @@ const (
 	mizarPodCounterPOD_ICMP_FRAG_NEEDED   mizarPodCounter = 16
 	mizarPodCounterPOD_DROP_TOO_BIG       mizarPodCounter = 17
 	mizarPodCounterPOD_DROP_REDIRECT      mizarPodCounter = 18
-	mizarPodCounterPOD_MAX                mizarPodCounter = 19
+	mizarPodCounterPOD_ENCAP_LEARNED      mizarPodCounter = 19
+	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
+	mizarPodCounterPOD_MAX                mizarPodCounter = 21
 )
 
 type mizarPodIface struct {
@@ -122,7 +139,10 @@ const (
 	mizarUnderlayCounterUL_DROP_REDIRECT       mizarUnderlayCounter = 20
 	mizarUnderlayCounterUL_DROP_NO_ROUTE       mizarUnderlayCounter = 21
 	mizarUnderlayCounterUL_DROP_NO_NEIGH       mizarUnderlayCounter = 22
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 23
+	mizarUnderlayCounterUL_LEARN               mizarUnderlayCounter = 23
+	mizarUnderlayCounterUL_STAMP               mizarUnderlayCounter = 24
+	mizarUnderlayCounterUL_REBOUNCE            mizarUnderlayCounter = 25
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 26
 )
 
 type mizarVpc struct {
@@ -137,6 +157,8 @@ type mizarVpc struct {
 const (
 	mizarMapDroplets       = "droplets"
 	mizarMapEndpoints      = "endpoints"
+	mizarMapIntroduced     = "introduced"
+	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
 	mizarMapRelays         = "relays"
@@ -200,6 +222,8 @@ type mizarProgramSpecs struct {
 type mizarMapSpecs struct {
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
+	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
@@ -237,6 +261,8 @@ func (o *mizarObjects) Close() error {
 type mizarMaps struct {
 	Droplets      *ebpf.Map `ebpf:"droplets"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Introduced    *ebpf.Map `ebpf:"introduced"`
+	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
 	Relays        *ebpf.Map `ebpf:"relays"`
@@ -249,6 +275,8 @@ func (m *mizarMaps) Close() error {
 	return _MizarClose(
 		m.Droplets,
 		m.Endpoints,
+		m.Introduced,
+		m.Learned,
 		m.PodIfaces,
 		m.PodStats,
 		m.Relays,

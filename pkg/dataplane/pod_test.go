@@ -17,11 +17,18 @@ func fromPod1(dst string) inner {
 		ttl: 64, sport: 43210, dport: 8080, payload: []byte("payload from pod1")}
 }
 
-// encapTo is the outer header H writes toward hop for packet p: fresh IPv4
-// header (TTL 64, DF, ID 0), source port from the flow hash, UDP checksum 0.
+// encapTo is the outer header H writes toward a relay hop for packet p:
+// fresh IPv4 header (TTL 64, DF, ID 0), source port from the flow hash, UDP
+// checksum 0, and the sending-host option naming H.
 func encapTo(hop Hop, p inner, vni uint32) outer {
 	return outer{srcMAC: hostH.MAC, dstMAC: hop.MAC, src: hostH.IP, dst: hop.IP,
-		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni}
+		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni, options: srcHostOption(hostH.IP)}
+}
+
+// direct is o sent straight to the destination's host: no option.
+func (o outer) direct() outer {
+	o.options = nil
+	return o
 }
 
 func arpFrame(t testing.TB, op uint16, srcMAC, dstMAC net.HardwareAddr, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) []byte {
@@ -132,7 +139,7 @@ func TestPodEncapDirect(t *testing.T) {
 	d := fixture(t)
 	p := fromPod1(epRemote.IP.String())
 	innerOut := withMACs(p.frame(t), epRemote.MAC, nil)
-	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).geneve(t, innerOut))
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).direct().geneve(t, innerOut))
 }
 
 // Leaving the subnet: TTL - 1 (the gateway's hop), gateway as inner source;

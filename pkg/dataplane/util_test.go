@@ -297,6 +297,11 @@ func (o outer) geneve(tb testing.TB, innerFrame []byte) []byte {
 	return serialize(tb, true, eth, ip, gopacket.Payload(l4))
 }
 
+// srcHostOption is mizar's Geneve option naming the sending host.
+func srcHostOption(host netip.Addr) []*layers.GeneveOption {
+	return []*layers.GeneveOption{{Class: 0x0111, Type: 0x01, Data: host.AsSlice()}}
+}
+
 // withMACs returns a copy of an Ethernet frame with new MACs (nil = keep).
 func withMACs(frame []byte, dst, src net.HardwareAddr) []byte {
 	out := append([]byte(nil), frame...)
