@@ -7,7 +7,9 @@
 #                      and generic XDP on the host side: why the pod side is tcx
 #   BenchmarkOverlay   pod-to-pod iperf3 throughput and TCP round trips across
 #                      netns hosts in wire mode: plain routing, kernel VXLAN,
-#                      pass-only XDP (the ceiling), mizar direct and bounced
+#                      pass-only XDP (the ceiling), mizar direct, bounced and
+#                      learned (bounced first, then host to host), as ratios
+#                      to plain routing and to kernel VXLAN
 # Speeds are only meaningful as the ratios printed next to them, which come
 # from one run on the same machine.
 #

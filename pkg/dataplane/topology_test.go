@@ -243,6 +243,9 @@ type testNet struct {
 	segs       []*segment
 	routerLegs []routerLeg
 	sw         *netNS // the first segment's switch
+	// learn is Options.LearnLifetime for loadMizar (0: the default; < 0:
+	// no direct-path learning, so bounced traffic stays bounced).
+	learn time.Duration
 	hosts      map[string]*testHost
 	pods       map[string]*testPod
 	order      []*testHost
@@ -471,7 +474,7 @@ func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
 	h.ns.do(tb, func() error {
-		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac})
+		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn})
 		if err != nil {
 			return err
 		}
