@@ -246,9 +246,9 @@ type testNet struct {
 	// learn is Options.LearnLifetime for loadMizar (0: the default; < 0:
 	// no direct-path learning, so bounced traffic stays bounced).
 	learn time.Duration
-	hosts      map[string]*testHost
-	pods       map[string]*testPod
-	order      []*testHost
+	hosts map[string]*testHost
+	pods  map[string]*testPod
+	order []*testHost
 }
 
 // gatewayMAC is what the pods' ARP for their gateway resolves to.
