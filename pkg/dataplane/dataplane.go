@@ -4,6 +4,15 @@
 // program on the host side of every pod's veth that answers ARP for the
 // gateway, delivers same-host traffic and encapsulates the rest in Geneve.
 //
+// The underlay is not trusted: Geneve is accepted only from droplets
+// (UpsertDroplet) with a good outer IPv4 checksum, and delivered or relayed
+// only when its inner source is an endpoint of the VNI that the outer source
+// may speak for: a relay of the VPC (SetRelays), or the endpoint's host as
+// the endpoints map says or as a relay taught this host (Learned). Every
+// refusal is counted by reason. Pods send only as what they are: their MAC,
+// their IP, untagged. Hops without a MAC are reached through the kernel FIB,
+// so droplets may sit on different L3 subnets.
+//
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
 // and the Attach methods again and traffic keeps flowing: maps are reused and
