@@ -242,3 +242,61 @@ func TestLearnedPathThroughKernel(t *testing.T) {
 		t.Fatalf("A still has %v", l)
 	}
 }
+
+// A learned path goes stale: b's address moves from B to a new pod b2 on D
+// and A is not told. A's direct packets reach B, which re-bounces them to
+// the relay under A's address; the relay delivers to b2. Nothing is lost,
+// nothing reaches the old pod, and A learns the new host.
+func TestLearnedPathStaleHost(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B", "C", "D"}, []podSpec{
+		{"a", "A", vpc1, "10.1.1.10/24"},
+		{"b", "B", vpc1, "10.1.1.20/24"},
+		{"b2", "D", vpc1, "10.1.1.20/24"}, // where b's address moves to
+	})
+	tn.wireMode(t)
+	tn.xdpTXToSwitch(t, "B") // re-bounces
+	tn.xdpTXToSwitch(t, "C") // the relay
+	A, B, C, D := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"], tn.hosts["D"]
+	for _, h := range tn.order {
+		tn.loadMizar(t, h)
+		must(t, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
+		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
+	}
+	tn.setRelays(t, vpc1, C)
+	a, b, b2 := tn.pods["a"], tn.pods["b"], tn.pods["b2"]
+	tn.remoteEndpoint(t, C, a)
+	tn.remoteEndpoint(t, C, b)
+	serveIdentity(t, b)
+	serveIdentity(t, b2)
+
+	if out, ok := a.pingArgs(t, b.ip, 20, "-i", "0.02"); !ok {
+		t.Fatalf("a -> b failed:\n%s", out)
+	}
+	if l, _ := A.dp.Learned(); len(l) != 1 || l[0].HostIP != B.ip {
+		t.Fatalf("A learned %+v, want b at B", l)
+	}
+
+	// The move, as the agents of B and C see it.
+	must(t, B.dp.DeleteEndpoint(vpc1, b.ip))
+	tn.remoteEndpoint(t, C, b2)
+	capB := b.ns.capture(t, "eth0")
+	before := counters(t, B)
+	if out, ok := a.pingArgs(t, b2.ip, 20, "-i", "0.02"); !ok || !strings.Contains(out, " 0% packet loss") {
+		t.Fatalf("packets lost after the move:\n%s", out)
+	}
+	if got := identity(t, a, b2.ip); got != "b2" {
+		t.Fatalf("a reached %q at %s after the move, want b2", got, b2.ip)
+	}
+	settle()
+	for _, f := range capB.stop() {
+		if tosOf(t, [][]byte{f}, func(ip *layers.IPv4) bool { return ip.SrcIP.Equal(a.ip.AsSlice()) }) >= 0 {
+			t.Fatal("the old pod b got a packet from a after the move")
+		}
+	}
+	if n := counters(t, B).Underlay["rebounce"] - before.Underlay["rebounce"]; n == 0 {
+		t.Fatal("B re-bounced nothing: the stale path was not exercised")
+	}
+	if l, _ := A.dp.Learned(); len(l) != 1 || l[0].HostIP != D.ip {
+		t.Fatalf("A learned %+v, want 10.1.1.20 at D now", l)
+	}
+}
