@@ -626,8 +626,8 @@ int mizar_pod(struct __sk_buff *skb)
 	int with_opt = 0;
 
 	if (r.via != VIA_ENDPOINT && host.learn_ns) {
-		__u64 now = bpf_ktime_get_ns();
-		__u32 peer = learned_host(cfg->vni, daddr, now);
+		__u64 now = 0;
+		__u32 peer = learned_host(cfg->vni, daddr, &now);
 
 		with_opt = fits_opt;
 		if (peer) {

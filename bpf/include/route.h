@@ -133,14 +133,18 @@ static __always_inline int is_relay(__u32 vni, __u32 ip)
 	return bpf_map_lookup_elem(&relays, &k) != NULL;
 }
 
-/* The host (vni, ip) was learned at, if the entry is alive; 0 otherwise. */
-static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 now)
+/* The host (vni, ip) was learned at, if the entry is alive; 0 otherwise.
+ * The clock is read only on a hit (*now, for the caller to reuse). */
+static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
 {
 	struct endpoint_key k = { .vni = vni };
 
 	store_u32(k.ip, ip);
 	struct learned_entry *ln = bpf_map_lookup_elem(&learned, &k);
-	if (!ln || now >= ln->expires)
+	if (!ln)
+		return 0;
+	*now = bpf_ktime_get_ns();
+	if (*now >= ln->expires)
 		return 0;
 	return load_u32(ln->host_ip);
 }
@@ -167,7 +171,8 @@ static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *r
 			return UL_DROP_SRC_SPOOFED;
 		return 0;
 	}
-	__u32 h = learned_host(vni, isrc, bpf_ktime_get_ns());
+	__u64 now;
+	__u32 h = learned_host(vni, isrc, &now);
 
 	if (!h)
 		return UL_DROP_SRC_UNKNOWN;
