@@ -92,8 +92,8 @@ int mizar_underlay(struct xdp_md *ctx)
 	gnv = (void *)(udp + 1);
 	if ((void *)(gnv + 1) > data_end)
 		return ul_drop(UL_DROP_MALFORMED);
-	/* Version 0 carrying Ethernet only. Options are skipped (none are
-	 * defined by mizar yet) unless marked critical, which RFC 8926 says a
+	/* Version 0 carrying Ethernet only. Options other than mizar's one
+	 * (below) are skipped unless marked critical, which RFC 8926 says a
 	 * receiver that does not understand them must drop; OAM frames have no
 	 * consumer here. */
 	if ((gnv->ver_optlen >> 6) != 0 || gnv->proto != bpf_htons(ETH_P_TEB_) ||
@@ -130,12 +130,11 @@ int mizar_underlay(struct xdp_md *ctx)
 	 * than parse the inner L4 header again. */
 	__u32 pick = bpf_ntohs(udp->source) & SPORT_MASK;
 	__u32 self = self_ip();
+	__u32 vni = vni_of(gnv);
+	int from_relay = 0;
 	struct route r;
 
-	__u32 vni = vni_of(gnv);
-
 	route_lookup(&r, vni, iip->daddr, pick, self);
-	int from_relay = 0;
 
 	if (r.kind != RT_DROP) {
 		int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay);
