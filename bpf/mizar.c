@@ -79,12 +79,21 @@ int mizar_underlay(struct xdp_md *ctx)
 		return ul_drop(UL_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF))
 		return ul_drop(UL_DROP_FRAGMENT);
+	/* NICs verify it before the stack does, not before XDP. The source
+	 * address is about to decide trust: it must be the one sent. */
+	if (!ipv4_csum_ok(iph))
+		return ul_drop(UL_DROP_IP_CHECKSUM);
+	struct droplet_key dk;
+
+	store_u32(dk.ip, iph->saddr);
+	if (!bpf_map_lookup_elem(&droplets, &dk))
+		return ul_drop(UL_DROP_NOT_DROPLET);
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
 	if ((void *)(gnv + 1) > data_end)
 		return ul_drop(UL_DROP_MALFORMED);
-	/* Version 0 carrying Ethernet only. Options are skipped (none are
-	 * defined by mizar yet) unless marked critical, which RFC 8926 says a
+	/* Version 0 carrying Ethernet only. Options other than mizar's one
+	 * (below) are skipped unless marked critical, which RFC 8926 says a
 	 * receiver that does not understand them must drop; OAM frames have no
 	 * consumer here. */
 	if ((gnv->ver_optlen >> 6) != 0 || gnv->proto != bpf_htons(ETH_P_TEB_) ||
@@ -92,6 +101,17 @@ int mizar_underlay(struct xdp_md *ctx)
 		return ul_drop(UL_DROP_GENEVE);
 
 	__u32 optlen = (gnv->ver_optlen & 0x3f) * 4;
+	struct geneve_opt_host *opt = NULL;
+
+	/* Mizar writes at most its one option; anything else is skipped. */
+	if (optlen == SRC_HOST_OPT_LEN) {
+		struct geneve_opt_host *o = (void *)(gnv + 1);
+
+		if ((void *)(o + 1) > data_end)
+			return ul_drop(UL_DROP_MALFORMED);
+		if (o->opt_class == bpf_htons(MIZAR_OPT_CLASS) && o->type == MIZAR_OPT_SRC_HOST && (o->len & 0x1f) == 1)
+			opt = o;
+	}
 	struct ethhdr *ieth = (void *)(gnv + 1) + optlen;
 	struct iphdr *iip = (void *)(ieth + 1);
 
@@ -110,29 +130,104 @@ int mizar_underlay(struct xdp_md *ctx)
 	 * than parse the inner L4 header again. */
 	__u32 pick = bpf_ntohs(udp->source) & SPORT_MASK;
 	__u32 self = self_ip();
+	__u32 vni = vni_of(gnv);
+	int from_relay = 0;
 	struct route r;
 
-	route_lookup(&r, vni_of(gnv), iip->daddr, pick, self);
+	route_lookup(&r, vni, iip->daddr, pick, self);
+
+	if (r.kind != RT_DROP) {
+		int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay);
+
+		if (refusal)
+			return ul_drop(refusal);
+	}
 
 	if (r.kind == RT_LOCAL) {
+		/* RFC 6040 normal mode: congestion marked on the underlay reaches
+		 * the pod; the inner DSCP is the sender's (pipe model). */
+		int ecn = ecn_decap(iph->tos, iip->tos);
+
+		if (ecn < 0)
+			return ul_drop(UL_DROP_ECN);
+		if (ecn != (iip->tos & ECN_MASK))
+			ipv4_set_ecn(iip, ecn);
+		/* A relay vouches for where the inner source lives. */
+		if (from_relay && opt && host.learn_ns) {
+			__u32 sender = load_u32(opt->host);
+
+			if (sender && sender != self) {
+				struct endpoint_key k = { .vni = vni };
+				struct learned_entry v = { .expires = bpf_ktime_get_ns() + host.learn_ns };
+
+				store_u32(k.ip, iip->saddr);
+				store_u32(v.host_ip, sender);
+				if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
+					count_ul(UL_LEARN);
+			}
+		}
 		copy_mac(ieth->h_dest, r.dst_mac);
 		int off = (void *)ieth - data;
 
 		if (bpf_xdp_adjust_head(ctx, off))
 			return ul_drop(UL_DROP_ADJUST);
-		count_ul(UL_DELIVER);
 		/* The pod-side peer needs NAPI (GRO on, see EnableGRO in Go) or the
-		 * veth drops redirected frames. */
-		return bpf_redirect(r.ifindex, 0);
+		 * veth drops redirected frames; such drops after the program are
+		 * the kernel's to count (KernelDrops). */
+		long ret = bpf_redirect(r.ifindex, 0);
+
+		if (ret != XDP_REDIRECT)
+			return ul_drop(UL_DROP_REDIRECT);
+		count_ul(UL_DELIVER);
+		return ret;
 	}
 
 	if (r.kind == RT_REMOTE) {
 		/* Outer TTL guards against a loop between misconfigured hosts. */
 		if (iph->ttl <= 1)
 			return ul_drop(UL_DROP_TTL);
-		copy_mac(eth->h_dest, r.next.mac);
-		self_mac(eth->h_source);
-		iph->saddr = self;
+		/* A relay forwards under its own address (trusted for the whole
+		 * VPC) and writes the sender it verified into the option. Any other
+		 * host only re-bounces what a sender sent it directly (to a pod
+		 * no longer here): under the sender's address, so the next relay
+		 * checks the sender, not us. */
+		int self_relay = is_relay(vni, self);
+
+		if (!self_relay && from_relay)
+			return ul_drop(UL_DROP_UNKNOWN_DST);
+		if (self_relay && !from_relay && opt) {
+			store_u32(opt->host, iph->saddr);
+			count_ul(UL_STAMP);
+		}
+		__u32 out_ifindex = ctx->ingress_ifindex;
+
+		if (mac_is_zero(r.next.mac)) {
+			/* Not an L2 neighbour: the kernel FIB names the next
+			 * hop (a router) and its MAC. XDP cannot wait for ARP;
+			 * the host's own traffic keeps its router resolved. */
+			struct bpf_fib_lookup fib = {
+				.family = 2 /* AF_INET */,
+				.ifindex = host.underlay_ifindex,
+				.ipv4_src = self,
+				.ipv4_dst = load_u32(r.next.ip),
+			};
+			int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+
+			if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+				return ul_drop(UL_DROP_NO_NEIGH);
+			if (rc != BPF_FIB_LKUP_RET_SUCCESS)
+				return ul_drop(UL_DROP_NO_ROUTE);
+			copy_mac(eth->h_dest, fib.dmac);
+			copy_mac(eth->h_source, fib.smac);
+			out_ifindex = fib.ifindex;
+		} else {
+			copy_mac(eth->h_dest, r.next.mac);
+			self_mac(eth->h_source);
+		}
+		if (self_relay)
+			iph->saddr = self;
+		else
+			count_ul(UL_REBOUNCE);
 		iph->daddr = load_u32(r.next.ip);
 		iph->ttl--;
 		iph->check = ipv4_csum(iph);
@@ -150,6 +245,8 @@ int mizar_underlay(struct xdp_md *ctx)
 			count_ul(UL_FWD_DIVIDER);
 			break;
 		}
+		if (out_ifindex != ctx->ingress_ifindex)
+			return bpf_redirect(out_ifindex, 0);
 		return XDP_TX;
 	}
 
@@ -184,6 +281,75 @@ static __always_inline int pod_drop(enum pod_counter c)
 {
 	count_pod(c);
 	return TC_ACT_SHOT;
+}
+
+/* Send the verdict of a redirect, counting c only if the helper took it. */
+static __always_inline int pod_redirected(long ret, enum pod_counter c)
+{
+	if (ret != TC_ACT_REDIRECT)
+		return pod_drop(POD_DROP_REDIRECT);
+	count_pod(c);
+	return ret;
+}
+
+/* Turn the pod's packet into an ICMP error about it, from the pod's gateway,
+ * and send it back into the pod. rest is the ICMP header's second word.
+ * Returns the TC verdict, or -1 when no error may or can be sent: about a
+ * later fragment, an ICMP error (RFC 1122 3.2.2), a header with options or
+ * a packet too short to quote. */
+static __always_inline int pod_icmp_error(struct __sk_buff *skb, const struct pod_iface *cfg, __u8 type,
+					  __u8 code, __be32 rest, enum pod_counter c)
+{
+	struct {
+		struct icmphdr icmp;
+		struct iphdr ip;
+		__u8 l4[8];
+	} m = {};
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &m.ip, sizeof(m.ip) + sizeof(m.l4)))
+		return -1;
+	if (m.ip.ihl != 5 || (m.ip.frag_off & bpf_htons(IP_OFFMASK)))
+		return -1;
+	if (m.ip.protocol == IPPROTO_ICMP && m.l4[0] != ICMP_ECHO && m.l4[0] != ICMP_TIMESTAMP)
+		return -1;
+	m.icmp.type = type;
+	m.icmp.code = code;
+	m.icmp.un.gateway = rest;
+
+	__u16 *w = (__u16 *)&m;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(m) / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	m.icmp.checksum = (__u16)~sum;
+
+	struct iphdr ip = {};
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = 0xc0; /* internetwork control, as the kernel's own ICMP errors */
+	ip.tot_len = bpf_htons(sizeof(ip) + sizeof(m));
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_ICMP;
+	ip.saddr = load_u32(cfg->gw_ip);
+	ip.daddr = m.ip.saddr;
+	ip.check = ipv4_csum(&ip);
+
+	struct icmp_error e;
+
+	copy_mac(e.eth.h_dest, cfg->mac);
+	copy_mac(e.eth.h_source, cfg->gw_mac);
+	e.eth.h_proto = bpf_htons(ETH_P_IP);
+	__builtin_memcpy(&e.ip, &ip, sizeof(ip));
+	__builtin_memcpy(&e.icmp, &m, sizeof(m));
+
+	if (bpf_skb_change_tail(skb, sizeof(e), 0) || bpf_skb_store_bytes(skb, 0, &e, sizeof(e), 0))
+		return -1;
+	/* Egress of the same host-side veth: straight back into the pod. */
+	return pod_redirected(bpf_redirect(skb->ifindex, 0), c);
 }
 
 /* Make the first need bytes directly readable; 0 on success. */
@@ -247,9 +413,82 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	store_u32(arp->spa, tpa);
 	copy_mac(eth->h_dest, eth->h_source);
 	copy_mac(eth->h_source, cfg->gw_mac);
-	count_pod(POD_ARP_REPLY);
 	/* Egress of the same host-side veth: straight back into the pod. */
-	return bpf_redirect(skb->ifindex, 0);
+	return pod_redirected(bpf_redirect(skb->ifindex, 0), POD_ARP_REPLY);
+}
+
+/* Encapsulate the pod's IPv4 packet toward r->next and send it out of the
+ * underlay, counting done. with_opt adds the sending-host option. */
+static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_iface *cfg,
+				     const struct route *r, const __u8 *idst, const __u8 *isrc,
+				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
+{
+	struct geneve_encap_opt h = {};
+	const __u32 hlen = with_opt ? sizeof(struct geneve_encap_opt) : sizeof(struct geneve_encap);
+	/* Without the option the inner Ethernet header sits where it starts. */
+	struct ethhdr *inner = with_opt ? &h.inner : (struct ethhdr *)&h.opt;
+
+	copy_mac(inner->h_dest, idst);
+	copy_mac(inner->h_source, isrc);
+	inner->h_proto = bpf_htons(ETH_P_IP);
+
+	/* Room for outer IPv4 + UDP + Geneve (+ option) + inner Ethernet after
+	 * the MAC header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL
+	 * with inner Ethernet (TEB), segmented after us; FIXED_GSO keeps
+	 * gso_size because the pod's MTU already leaves room for the 50 bytes
+	 * (the option is only added to packets that fit it). */
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
+		      BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+
+	if (bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, flags))
+		return pod_drop(POD_DROP_ENCAP);
+
+	__u32 len = skb->len;
+
+	/* Built apart from the packed header so its 16-bit words are aligned
+	 * for the checksum loop. */
+	struct iphdr ip = {};
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = tos;
+	ip.tot_len = bpf_htons(len - ETH_HLEN);
+	ip.frag_off = bpf_htons(IP_DF); /* never fragment on the underlay */
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_UDP;
+	ip.saddr = self_ip();
+	ip.daddr = load_u32(r->next.ip);
+	ip.check = ipv4_csum(&ip);
+
+	copy_mac(h.eth.h_dest, r->next.mac);
+	self_mac(h.eth.h_source);
+	h.eth.h_proto = bpf_htons(ETH_P_IP);
+	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
+	h.udp.source = bpf_htons(sport);
+	h.udp.dest = bpf_htons(GENEVE_PORT);
+	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
+	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
+	h.gnv.proto = bpf_htons(ETH_P_TEB_);
+	h.gnv.vni[0] = cfg->vni >> 16;
+	h.gnv.vni[1] = cfg->vni >> 8;
+	h.gnv.vni[2] = cfg->vni;
+	if (with_opt) {
+		h.gnv.ver_optlen = SRC_HOST_OPT_LEN / 4;
+		h.opt.opt_class = bpf_htons(MIZAR_OPT_CLASS);
+		h.opt.type = MIZAR_OPT_SRC_HOST;
+		h.opt.len = 1;
+		store_u32(h.opt.host, ip.saddr); /* the first relay overwrites it */
+	}
+
+	if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
+		return pod_drop(POD_DROP_ENCAP);
+	/* Not an L2 neighbour (zero MAC): the kernel routes the outer
+	 * header, resolving the next hop's MAC (queueing the packet while it
+	 * ARPs) and writing both MACs. */
+	if (mac_is_zero(r->next.mac))
+		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
+	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), done);
 }
 
 SEC("tc")
@@ -270,6 +509,16 @@ int mizar_pod(struct __sk_buff *skb)
 
 	if ((void *)(eth + 1) > data_end)
 		return pod_drop(POD_DROP_MALFORMED);
+	/* Frames leave only as what the endpoint is. The kernel moved an
+	 * 802.1Q/802.1ad tag into metadata before tcx (the encap would carry it
+	 * onto the underlay); a second tag of a QinQ frame is still inline. */
+	if (skb->vlan_present || eth->h_proto == bpf_htons(ETH_P_8021Q) ||
+	    eth->h_proto == bpf_htons(ETH_P_8021AD))
+		return pod_drop(POD_DROP_VLAN);
+	if (eth->h_source[0] & 1)
+		return pod_drop(POD_DROP_MAC_MULTICAST);
+	if (!mac_eq(eth->h_source, cfg->mac))
+		return pod_drop(POD_DROP_MAC_SPOOF);
 	if (eth->h_proto == bpf_htons(ETH_P_ARP))
 		return pod_arp(skb, cfg);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
@@ -326,69 +575,93 @@ int mizar_pod(struct __sk_buff *skb)
 	int cross = !in_subnet(cfg, daddr);
 
 	if (cross) {
-		if (iph->ttl <= 1)
-			return pod_drop(POD_DROP_TTL);
+		if (iph->ttl <= 1) {
+			/* The gateway is a hop: traceroute shows it. */
+			int ret = pod_icmp_error(skb, cfg, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
+						 POD_ICMP_TIME_EXCEEDED);
+
+			return ret < 0 ? pod_drop(POD_DROP_TTL) : ret;
+		}
 		ipv4_decrease_ttl(iph);
 	}
 
 	if (r.kind == RT_LOCAL) {
 		copy_mac(eth->h_dest, r.dst_mac);
 		copy_mac(eth->h_source, cfg->gw_mac);
-		count_pod(POD_LOCAL);
 		/* Straight into the other pod's netns: skips a backlog pass. */
-		return bpf_redirect_peer(r.ifindex, 0);
+		return pod_redirected(bpf_redirect_peer(r.ifindex, 0), POD_LOCAL);
 	}
 
-	struct geneve_encap h = {};
+	/* DSCP and ECN are copied to the outer header (RFC 6040 normal mode:
+	 * the underlay may mark CE, decapsulation carries it inward). */
+	__u8 tos = iph->tos;
+	__u32 saddr = iph->saddr;
+	int fits_opt = 0;
+
+	/* The pod's MTU leaves room for Geneve; a pod that sends more anyway
+	 * learns the path MTU, unless it allows fragmenting, which is not done
+	 * here. GSO packets are segmented to their gso_size later. */
+	if (!skb->gso_size) {
+		__u32 mtu = 0;
+		__u16 frag_off = iph->frag_off;
+		int rc = bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0);
+
+		/* Room for the sending-host option too? */
+		fits_opt = rc == 0 && skb->len - ETH_HLEN + GENEVE_OVERHEAD + SRC_HOST_OPT_LEN <= mtu;
+		if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED) {
+			if (!(frag_off & bpf_htons(IP_DF)) || mtu <= GENEVE_OVERHEAD)
+				return pod_drop(POD_DROP_TOO_BIG);
+			int ret = pod_icmp_error(skb, cfg, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+						 bpf_htonl(mtu - GENEVE_OVERHEAD), POD_ICMP_FRAG_NEEDED);
+
+			return ret < 0 ? pod_drop(POD_DROP_TOO_BIG) : ret;
+		}
+	}
+
+	/* Through a relay (the agent named no host for daddr): go direct if
+	 * a relay taught us where daddr lives and this pod has been introduced
+	 * to that host; otherwise through the relay, introducing the pod. */
+	enum pod_counter done = POD_ENCAP;
+	int with_opt = 0;
+
+	if (r.via != VIA_ENDPOINT && host.learn_ns) {
+		__u64 now = 0;
+		__u32 peer = learned_host(cfg->vni, daddr, &now);
+
+		with_opt = fits_opt;
+		if (peer) {
+			struct intro_key ik = { .vni = cfg->vni };
+
+			store_u32(ik.ip, saddr);
+			store_u32(ik.host_ip, peer);
+			__u64 *t = bpf_map_lookup_elem(&introduced, &ik);
+			__u64 age = t ? now - *t : ~0ULL;
+
+			/* Direct from INTRODUCE_DELAY_NS (the introduction has
+			 * arrived) to half the lifetime; then the next packet
+			 * that fits the option introduces again (refreshing the
+			 * peer's entry), bigger ones stay direct until 3/4. */
+			if (age >= INTRODUCE_DELAY_NS &&
+			    (age < host.learn_ns / 2 || (!fits_opt && age < host.learn_ns / 4 * 3))) {
+				store_u32(r.next.ip, peer);
+				__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+				with_opt = 0;
+				done = POD_ENCAP_LEARNED;
+			} else if (fits_opt && age >= INTRODUCE_DELAY_NS) {
+				bpf_map_update_elem(&introduced, &ik, &now, BPF_ANY);
+				done = POD_INTRODUCE;
+			}
+		}
+	}
 
 	/* Inner Ethernet: the endpoint's MAC when known (the delivering host
 	 * rewrites it anyway), the gateway as source when routed. */
-	copy_mac(h.inner.h_dest, r.has_mac ? r.dst_mac : eth->h_dest);
-	copy_mac(h.inner.h_source, cross ? cfg->gw_mac : eth->h_source);
-	h.inner.h_proto = bpf_htons(ETH_P_IP);
+	__u8 idst[ETH_ALEN], isrc[ETH_ALEN];
 
-	/* Room for outer IPv4 + UDP + Geneve + inner Ethernet after the MAC
-	 * header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL with inner
-	 * Ethernet (TEB), segmented after us; FIXED_GSO keeps gso_size because
-	 * the pod's MTU already leaves room for the 50 bytes. */
-	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
-		      BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
-		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
-
-	if (bpf_skb_adjust_room(skb, GENEVE_OVERHEAD, BPF_ADJ_ROOM_MAC, flags))
-		return pod_drop(POD_DROP_ENCAP);
-
-	__u32 len = skb->len;
-
-	/* Built apart from the packed header so its 16-bit words are aligned
-	 * for the checksum loop. */
-	struct iphdr ip = {};
-
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.tot_len = bpf_htons(len - ETH_HLEN);
-	ip.frag_off = bpf_htons(IP_DF); /* never fragment on the underlay */
-	ip.ttl = OUTER_TTL;
-	ip.protocol = IPPROTO_UDP;
-	ip.saddr = self_ip();
-	ip.daddr = load_u32(r.next.ip);
-	ip.check = ipv4_csum(&ip);
-
-	copy_mac(h.eth.h_dest, r.next.mac);
-	self_mac(h.eth.h_source);
-	h.eth.h_proto = bpf_htons(ETH_P_IP);
-	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
-	h.udp.source = bpf_htons(sport);
-	h.udp.dest = bpf_htons(GENEVE_PORT);
-	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
-	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
-	h.gnv.proto = bpf_htons(ETH_P_TEB_);
-	h.gnv.vni[0] = cfg->vni >> 16;
-	h.gnv.vni[1] = cfg->vni >> 8;
-	h.gnv.vni[2] = cfg->vni;
-
-	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
-		return pod_drop(POD_DROP_ENCAP);
-	count_pod(POD_ENCAP);
-	return bpf_redirect(host.underlay_ifindex, 0);
+	copy_mac(idst, r.has_mac ? r.dst_mac : eth->h_dest);
+	copy_mac(isrc, cross ? cfg->gw_mac : eth->h_source);
+	/* Two inlined copies, so each has constant sizes. */
+	if (with_opt)
+		return pod_encap(skb, cfg, &r, idst, isrc, tos, sport, 1, done);
+	return pod_encap(skb, cfg, &r, idst, isrc, tos, sport, 0, done);
 }

@@ -3,15 +3,19 @@
 # and builds network-namespace topologies, all removed afterwards):
 #   BenchmarkPrograms  ns per packet of every program path (BPF_PROG_TEST_RUN)
 #                      and its ratio to an empty XDP/TC program
+#   BenchmarkLiveBouncer the bouncer in BPF_PROG_RUN live-frames mode (frames
+#                      really transmitted) vs an XDP_TX-only program
 #   BenchmarkPodHook   pod -> host TCP over one veth with no hook, tcx, native
 #                      and generic XDP on the host side: why the pod side is tcx
 #   BenchmarkOverlay   pod-to-pod iperf3 throughput and TCP round trips across
 #                      netns hosts in wire mode: plain routing, kernel VXLAN,
-#                      pass-only XDP (the ceiling), mizar direct and bounced
+#                      pass-only XDP (the ceiling), mizar direct, bounced and
+#                      learned (bounced first, then host to host), as ratios
+#                      to plain routing and to kernel VXLAN
 # Speeds are only meaningful as the ratios printed next to them, which come
 # from one run on the same machine.
 #
-# Environment: BENCH (regexp, default all three), COUNT (default 1),
+# Environment: BENCH (regexp, default all four), COUNT (default 1),
 # BENCHTIME (for BenchmarkPrograms, default 1s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +29,5 @@ for tool in iperf3 ping; do
 done
 
 exec go test ./pkg/dataplane/ -run '^$' \
-	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkPodHook|BenchmarkOverlay)$}" \
+	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkLiveBouncer|BenchmarkPodHook|BenchmarkOverlay)$}" \
 	-benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" -timeout 30m

@@ -39,6 +39,42 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } vpcs SEC(".maps");
 
+/* Underlay hosts Geneve is accepted from. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct droplet_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} droplets SEC(".maps");
+
+/* (vni, droplet ip) -> present: a bouncer or divider of that VPC. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct endpoint_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} relays SEC(".maps");
+
+/* (vni, ip) -> host it was learned at (direct-path learning). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct endpoint_key);
+	__type(value, struct learned_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} learned SEC(".maps");
+
+/* (vni, local pod, peer host) -> last introduction time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct intro_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} introduced SEC(".maps");
+
 /* Host-side veth ifindex -> the pod behind it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

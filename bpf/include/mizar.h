@@ -20,13 +20,31 @@
 /* TTL of the outer IPv4 header written on encapsulation. */
 #define OUTER_TTL 64
 
+/* Direct-path learning. A pod's packet that goes through a bouncer or
+ * divider carries, when it fits the underlay MTU, one Geneve option naming
+ * the sending host. The sender writes its own address; the first relay
+ * overwrites it with the outer source it verified; the delivering host
+ * trusts it only from a relay, and learns "this pod lives there" into
+ * learned: for trust (accept that pod directly from that host) and for
+ * routing (send to that pod directly). A host goes direct to a learned
+ * destination only once it has introduced the sending pod to that host the
+ * same way (introduced), INTRODUCE_DELAY_NS earlier, so the peer can check
+ * the direct packets. */
+#define MIZAR_OPT_CLASS 0x0111 /* Mizar's Geneve option class */
+#define MIZAR_OPT_SRC_HOST 0x01 /* non-critical: 4 bytes, the sender's host */
+#define SRC_HOST_OPT_LEN 8      /* option header 4 + IPv4 4 */
+#define INTRODUCE_DELAY_NS 5000000ULL /* the introduction's bounced path vs the direct one */
+
 /* Outer UDP source ports come from the flow hash, in 49152..65535 (RFC 6335
  * dynamic range): SPORT_BASE | (hash & SPORT_MASK). The same 14 bits pick the
  * bouncer/divider everywhere, so every hop agrees on a flow's path. */
 #define SPORT_BASE 0xC000
 #define SPORT_MASK 0x3FFF
 
-/* A host on the underlay: where to send a packet next. */
+/* A host on the underlay: where to send a packet next. A zero MAC means
+ * "not on this host's L2 segment": the kernel FIB picks the next hop and its
+ * MAC (bpf_fib_lookup, bpf_redirect_neigh). A MAC given is used as is,
+ * without a FIB lookup: the fast path between L2 neighbours. */
 struct hop {
 	__u8 ip[4];
 	__u8 mac[6];
@@ -41,7 +59,7 @@ struct endpoint_key {
 
 struct endpoint {
 	__u8 host_ip[4];  /* host of the endpoint (this host's IP if local) */
-	__u8 host_mac[6]; /* that host's underlay MAC */
+	__u8 host_mac[6]; /* that host's underlay MAC; zero = ask the FIB (see hop) */
 	__u8 mac[6];      /* the endpoint's own MAC, written as inner destination */
 	__u32 ifindex;    /* host-side veth in the host netns; 0 = remote */
 };
@@ -66,6 +84,16 @@ struct vpc {
 	struct hop dividers[MAX_HOPS];
 };
 
+/* droplets: the underlay hosts Geneve is accepted from (the agent fills it
+ * from the Droplets in the API). The value is only a presence mark. */
+struct droplet_key {
+	__u8 ip[4];
+};
+
+/* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
+ * the VPC, so it may forward packets of any endpoint of the VPC. Any other
+ * droplet speaks only for the endpoints it hosts. Keyed like endpoints. */
+
 /* pod_ifaces: host-side veth ifindex -> what the pod behind it is. */
 struct pod_iface {
 	__u32 vni;
@@ -77,12 +105,29 @@ struct pod_iface {
 	__u32 subnet_len;   /* its prefix length (0..32) */
 };
 
+/* learned: (vni, ip) -> where that endpoint was last seen sending from,
+ * per a relay. LRU: entries for pods nobody talks to any more fall out. */
+struct learned_entry {
+	__u8 host_ip[4];
+	__u32 pad;
+	__u64 expires; /* bpf_ktime_get_ns() after which it is not used */
+};
+
+/* introduced: (vni, local pod ip, peer host) -> when the pod was last
+ * introduced to that host (bpf_ktime_get_ns). */
+struct intro_key {
+	__u32 vni;
+	__u8 ip[4];
+	__u8 host_ip[4];
+};
+
 /* Load-time constants (see host in mizar.c). */
 struct host_config {
 	__u8 ip[4];
 	__u8 mac[6];
 	__u8 pad[2];
 	__u32 underlay_ifindex;
+	__u64 learn_ns; /* lifetime of a learned entry; 0 = never learn */
 };
 
 /* Per-CPU counters of the underlay program; names are read from BTF by Go
@@ -103,6 +148,17 @@ enum underlay_counter {
 	UL_DROP_UNKNOWN_DST,    /* VPC known, destination not */
 	UL_DROP_TTL,            /* outer TTL would expire on forward */
 	UL_DROP_ADJUST,         /* bpf_xdp_adjust_head failed */
+	UL_DROP_IP_CHECKSUM,    /* outer IPv4 header checksum is wrong */
+	UL_DROP_NOT_DROPLET,    /* outer source is not a known droplet */
+	UL_DROP_SRC_UNKNOWN,    /* inner source is no endpoint of the VNI known here */
+	UL_DROP_SRC_SPOOFED,    /* inner source lives elsewhere than the outer source */
+	UL_DROP_ECN,            /* outer CE over a not-ECN-capable inner packet (RFC 6040) */
+	UL_DROP_REDIRECT,       /* bpf_redirect refused the target */
+	UL_DROP_NO_ROUTE,       /* FIB: no usable route to the next droplet */
+	UL_DROP_NO_NEIGH,       /* FIB: next hop's neighbour entry not resolved yet */
+	UL_LEARN,               /* learned where an inner source lives, from a relay */
+	UL_STAMP,               /* relay: wrote the verified sender into the option */
+	UL_REBOUNCE,            /* not a relay: sent on to a relay, outer source kept */
 	UL_MAX,
 };
 
@@ -118,7 +174,16 @@ enum pod_counter {
 	POD_DROP_SPOOF,         /* source address is not the pod's */
 	POD_DROP_UNKNOWN_VNI,
 	POD_DROP_UNKNOWN_DST,
-	POD_DROP_TTL,           /* TTL expired routing across subnets */
+	POD_DROP_TTL,           /* TTL expired across subnets, no ICMP allowed/possible */
 	POD_DROP_ENCAP,         /* bpf_skb_adjust_room/store failed */
+	POD_DROP_VLAN,          /* 802.1Q/802.1ad tagged (in metadata or inline) */
+	POD_DROP_MAC_MULTICAST, /* multicast/broadcast source MAC */
+	POD_DROP_MAC_SPOOF,     /* source MAC is not the pod's */
+	POD_ICMP_TIME_EXCEEDED, /* TTL expired at the gateway: ICMP sent to the pod */
+	POD_ICMP_FRAG_NEEDED,   /* DF packet too big for the underlay: ICMP sent */
+	POD_DROP_TOO_BIG,       /* too big for the underlay, DF clear (no fragmenting here) */
+	POD_DROP_REDIRECT,      /* bpf_redirect/bpf_redirect_peer refused the target */
+	POD_ENCAP_LEARNED,      /* encapsulated straight to a learned host */
+	POD_INTRODUCE,          /* bounced with the option to introduce the pod to a learned host */
 	POD_MAX,
 };

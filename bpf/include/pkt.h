@@ -41,6 +41,46 @@ struct arp_eth {
 	__u8 tpa[4];
 } __attribute__((packed));
 
+/* ICMP (RFC 792); <linux/icmp.h> pulls in libc socket headers. */
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	union {
+		__be32 gateway;
+		struct {
+			__be16 unused;
+			__be16 mtu;
+		} frag;
+	} un;
+};
+
+#define ICMP_ECHO 8
+#define ICMP_DEST_UNREACH 3
+#define ICMP_FRAG_NEEDED 4
+#define ICMP_TIME_EXCEEDED 11
+#define ICMP_EXC_TTL 0
+#define ICMP_TIMESTAMP 13
+
+/* An ICMP error the pod-side program sends back to its pod, quoting the
+ * offending packet's IPv4 header (options refused: never quoted) and the
+ * first 8 bytes after it, as RFC 792 asks. */
+struct icmp_error {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct icmphdr icmp;
+	struct iphdr quoted_ip;
+	__u8 quoted_l4[8];
+} __attribute__((packed));
+
+/* Mizar's one Geneve option: the sending host (see mizar.h). */
+struct geneve_opt_host {
+	__be16 opt_class;
+	__u8 type;
+	__u8 len; /* R:3 | data length in 4-byte words:5 */
+	__u8 host[4];
+} __attribute__((packed));
+
 /* Everything pushed in front of the pod's IPv4 packet on encapsulation. */
 struct geneve_encap {
 	struct ethhdr eth;
@@ -50,8 +90,19 @@ struct geneve_encap {
 	struct ethhdr inner;
 } __attribute__((packed));
 
+/* The same, with the sending-host option. */
+struct geneve_encap_opt {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	struct genevehdr gnv;
+	struct geneve_opt_host opt;
+	struct ethhdr inner;
+} __attribute__((packed));
+
 _Static_assert(sizeof(struct geneve_encap) == ETH_HLEN + GENEVE_OVERHEAD,
 	       "encap header must be the 50-byte Geneve overhead plus outer Ethernet");
+_Static_assert(sizeof(struct geneve_opt_host) == SRC_HOST_OPT_LEN, "sending-host option is 8 bytes");
 
 static __always_inline __u32 load_u32(const __u8 *p)
 {
@@ -71,6 +122,29 @@ static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
 	__builtin_memcpy(dst, src, ETH_ALEN);
 }
 
+static __always_inline int mac_is_zero(const __u8 *m)
+{
+	__u32 a;
+	__u16 b;
+
+	__builtin_memcpy(&a, m, 4);
+	__builtin_memcpy(&b, m + 4, 2);
+	return (a | b) == 0;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	/* Compared as a 4- and a 2-byte word: one branch, no loop. */
+	__u32 a4, b4;
+	__u16 a2, b2;
+
+	__builtin_memcpy(&a4, a, 4);
+	__builtin_memcpy(&b4, b, 4);
+	__builtin_memcpy(&a2, a + 4, 2);
+	__builtin_memcpy(&b2, b + 4, 2);
+	return ((a4 ^ b4) | (__u32)(a2 ^ b2)) == 0;
+}
+
 /* IPv4 header checksum of a 20-byte header (options are never written). */
 static __always_inline __u16 ipv4_csum(struct iphdr *iph)
 {
@@ -86,6 +160,21 @@ static __always_inline __u16 ipv4_csum(struct iphdr *iph)
 	return (__u16)~sum;
 }
 
+/* Whether a received 20-byte IPv4 header's checksum is right: the one's
+ * complement sum over the header, checksum included, is all ones. */
+static __always_inline int ipv4_csum_ok(const struct iphdr *iph)
+{
+	const __u16 *w = (const __u16 *)iph;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(*iph) / 2; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
+}
+
 /* Decrement the TTL and patch the checksum incrementally (RFC 1624), exactly
  * as the kernel's ip_decrease_ttl does. Caller checks ttl > 1 first. */
 static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
@@ -95,6 +184,52 @@ static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
 	check += (__u32)bpf_htons(0x0100);
 	iph->check = (__u16)(check + (check >= 0xFFFF));
 	iph->ttl--;
+}
+
+/* Replace the 16-bit word at w (network order) and patch a checksum over it
+ * incrementally (RFC 1624 eqn. 3). */
+static __always_inline void csum_replace16(__u16 *check, __u16 *w, __u16 nw)
+{
+	__u32 sum = (__u16)~*check;
+
+	sum += (__u16)~*w;
+	sum += nw;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	*w = nw;
+	*check = (__u16)~sum;
+}
+
+/* ECN field (RFC 3168): the low two bits of TOS. */
+#define ECN_MASK 0x03
+#define ECN_NOT_ECT 0x00
+#define ECN_ECT1 0x01
+#define ECN_ECT0 0x02
+#define ECN_CE 0x03
+
+/* RFC 6040 decapsulation: the inner ECN field given the outer one, or -1
+ * when the packet must be dropped (CE over a not-ECN-capable packet). */
+static __always_inline int ecn_decap(__u8 outer, __u8 inner)
+{
+	outer &= ECN_MASK;
+	inner &= ECN_MASK;
+	if (outer == ECN_CE)
+		return inner == ECN_NOT_ECT ? -1 : ECN_CE;
+	if (outer == ECN_ECT1 && inner == ECN_ECT0)
+		return ECN_ECT1;
+	return inner;
+}
+
+/* Set the ECN bits of an IPv4 header, checksum patched. */
+static __always_inline void ipv4_set_ecn(struct iphdr *iph, __u8 ecn)
+{
+	__u16 *w = (__u16 *)iph; /* version/ihl, tos */
+	__u16 nw;
+	__u8 *b = (__u8 *)&nw;
+
+	__builtin_memcpy(&nw, w, 2);
+	b[1] = (b[1] & ~ECN_MASK) | ecn;
+	csum_replace16(&iph->check, w, nw);
 }
 
 /* Flow hash: a murmur3-style finaliser over the inner 5-tuple, all fields read

@@ -124,3 +124,57 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 	}
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 }
+
+static __always_inline int is_relay(__u32 vni, __u32 ip)
+{
+	struct endpoint_key k = { .vni = vni };
+
+	store_u32(k.ip, ip);
+	return bpf_map_lookup_elem(&relays, &k) != NULL;
+}
+
+/* The host (vni, ip) was learned at, if the entry is alive; 0 otherwise.
+ * The clock is read only on a hit (*now, for the caller to reuse). */
+static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
+{
+	struct endpoint_key k = { .vni = vni };
+
+	store_u32(k.ip, ip);
+	struct learned_entry *ln = bpf_map_lookup_elem(&learned, &k);
+	if (!ln)
+		return 0;
+	*now = bpf_ktime_get_ns();
+	if (*now >= ln->expires)
+		return 0;
+	return load_u32(ln->host_ip);
+}
+
+/* Trust on the underlay: may the droplet at outer source osrc carry a packet
+ * whose inner source is isrc in VPC vni? A bouncer or divider of the VPC may
+ * (it checked the source where the packet entered the overlay); any other
+ * droplet only for endpoints it hosts, as the agent says (endpoints) or as a
+ * relay taught this host (learned). Returns 0 or the refusal reason as a
+ * counter index; *relay tells whether osrc is a relay. */
+static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *relay)
+{
+	*relay = is_relay(vni, osrc);
+	if (*relay)
+		return 0;
+
+	struct endpoint_key k = { .vni = vni };
+
+	store_u32(k.ip, isrc);
+	struct endpoint *ep = bpf_map_lookup_elem(&endpoints, &k);
+	if (ep) {
+		/* A pod of this host cannot arrive from the underlay. */
+		if (ep->ifindex || load_u32(ep->host_ip) != osrc)
+			return UL_DROP_SRC_SPOOFED;
+		return 0;
+	}
+	__u64 now;
+	__u32 h = learned_host(vni, isrc, &now);
+
+	if (!h)
+		return UL_DROP_SRC_UNKNOWN;
+	return h == osrc ? 0 : UL_DROP_SRC_SPOOFED;
+}

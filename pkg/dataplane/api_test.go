@@ -16,7 +16,8 @@ import (
 func TestMapsRoundTrip(t *testing.T) {
 	d := loadTest(t)
 
-	eps := []Endpoint{epPod1, epRemote, epVPC2}
+	routed := Endpoint{VNI: vpc1, IP: addr("10.1.9.9"), MAC: remoteMAC, HostIP: addr("198.18.9.9")}
+	eps := []Endpoint{epPod1, epRemote, epVPC2, routed}
 	for _, ep := range eps {
 		must(t, d.UpsertEndpoint(ep))
 	}
@@ -37,7 +38,8 @@ func TestMapsRoundTrip(t *testing.T) {
 		t.Fatalf("subnets %+v, want %+v", subnets, sn)
 	}
 
-	vpc := VPC{VNI: vpc2, Dividers: []Hop{hostC}}
+	// A divider behind a router has no MAC: the FIB finds its next hop.
+	vpc := VPC{VNI: vpc2, Dividers: []Hop{hostC, {IP: addr("198.18.9.9")}}}
 	must(t, d.UpsertVPC(vpc))
 	vpcs, err := d.VPCs()
 	must(t, err)
@@ -52,8 +54,32 @@ func TestMapsRoundTrip(t *testing.T) {
 		t.Fatalf("pod interfaces %+v, want %+v", ifs, pod1)
 	}
 
+	for _, h := range []Hop{hostA, hostB} {
+		must(t, d.UpsertDroplet(h.IP))
+	}
+	drops, err := d.Droplets()
+	must(t, err)
+	slices.SortFunc(drops, netip.Addr.Compare)
+	if !reflect.DeepEqual(drops, []netip.Addr{hostA.IP, hostB.IP}) {
+		t.Fatalf("droplets %v, want A and B", drops)
+	}
+	// SetRelays replaces one VPC's set and leaves the others alone.
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostA.IP, hostB.IP}))
+	must(t, d.SetRelays(vpc2, []netip.Addr{hostC.IP}))
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostD.IP}))
+	relays, err := d.Relays()
+	must(t, err)
+	for _, ips := range relays {
+		slices.SortFunc(ips, netip.Addr.Compare)
+	}
+	if want := map[uint32][]netip.Addr{vpc1: {hostB.IP, hostD.IP}, vpc2: {hostC.IP}}; !reflect.DeepEqual(relays, want) {
+		t.Fatalf("relays %v, want %v", relays, want)
+	}
+
 	// Deletes are idempotent.
 	for i := 0; i < 2; i++ {
+		must(t, d.DeleteDroplet(hostA.IP))
+		must(t, d.SetRelays(vpc1, nil))
 		must(t, d.DeleteEndpoint(epRemote.VNI, epRemote.IP))
 		must(t, d.DeleteSubnet(sn.VNI, sn.Prefix))
 		must(t, d.DeleteVPC(vpc.VNI))
@@ -64,7 +90,12 @@ func TestMapsRoundTrip(t *testing.T) {
 	subnets, _ = d.Subnets()
 	vpcs, _ = d.VPCs()
 	ifs, _ = d.PodInterfaces()
-	if len(got) != 2 || len(subnets)+len(vpcs)+len(ifs) != 0 {
+	drops, _ = d.Droplets()
+	relays, _ = d.Relays()
+	if len(drops) != 1 || len(relays) != 1 {
+		t.Fatalf("after deletes: droplets %v, relays %v; want B and VPC %d's", drops, relays, vpc2)
+	}
+	if len(got) != 3 || len(subnets)+len(vpcs)+len(ifs) != 0 {
 		t.Fatalf("after deletes: %d endpoints, %d subnets, %d vpcs, %d pod interfaces", len(got), len(subnets), len(vpcs), len(ifs))
 	}
 }
@@ -87,6 +118,8 @@ func TestMapInputValidation(t *testing.T) {
 	}
 	badPod := pod1
 	badPod.IP = addr("10.9.9.9")
+	mcastPod := pod1
+	mcastPod.MAC = mustMAC("03:00:00:00:00:01")
 	cases := []struct {
 		name string
 		err  error
@@ -102,9 +135,14 @@ func TestMapInputValidation(t *testing.T) {
 		{"prefix with host bits", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("10.1.1.5/24")}), "host bits"},
 		{"IPv6 prefix", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("fd00::/64")}), "not an IPv4 prefix"},
 		{"too many bouncers", d.UpsertSubnet(Subnet{VNI: 1, Prefix: netip.MustParsePrefix("10.1.0.0/16"), Bouncers: tooMany}), "at most 16"},
-		{"divider without MAC", d.UpsertVPC(VPC{VNI: 1, Dividers: []Hop{{IP: hostA.IP}}}), "hop MAC"},
+		{"divider with a short MAC", d.UpsertVPC(VPC{VNI: 1, Dividers: []Hop{{IP: hostA.IP, MAC: net.HardwareAddr{1}}}}), "hop MAC"},
 		{"pod IP outside its subnet", d.UpsertPodInterface(badPod), "outside its subnet"},
 		{"pod ifindex 0", d.UpsertPodInterface(PodInterface{}), "ifindex 0"},
+		{"multicast pod MAC", d.UpsertPodInterface(mcastPod), "multicast"},
+		{"IPv6 droplet", d.UpsertDroplet(v6), "not an IPv4"},
+		{"droplet 0.0.0.0", d.DeleteDroplet(netip.IPv4Unspecified()), "0.0.0.0"},
+		{"relays of VNI 0", d.SetRelays(0, nil), "VNI 0"},
+		{"relay not IPv4", d.SetRelays(vpc1, []netip.Addr{hostA.IP, v6}), "not an IPv4"},
 	}
 	for _, c := range cases {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

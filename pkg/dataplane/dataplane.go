@@ -4,6 +4,15 @@
 // program on the host side of every pod's veth that answers ARP for the
 // gateway, delivers same-host traffic and encapsulates the rest in Geneve.
 //
+// The underlay is not trusted: Geneve is accepted only from droplets
+// (UpsertDroplet) with a good outer IPv4 checksum, and delivered or relayed
+// only when its inner source is an endpoint of the VNI that the outer source
+// may speak for: a relay of the VPC (SetRelays), or the endpoint's host as
+// the endpoints map says or as a relay taught this host (Learned). Every
+// refusal is counted by reason. Pods send only as what they are: their MAC,
+// their IP, untagged. Hops without a MAC are reached through the kernel FIB,
+// so droplets may sit on different L3 subnets.
+//
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
 // and the Attach methods again and traffic keeps flowing: maps are reused and
@@ -24,6 +33,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -71,7 +81,17 @@ type Options struct {
 	HostMAC net.HardwareAddr
 	// XDPMode is how AttachUnderlay attaches (XDPDriver by default).
 	XDPMode XDPMode
+	// LearnLifetime is how long a learned direct path lives without being
+	// refreshed (see Learned). 0 means DefaultLearnLifetime; negative turns
+	// learning off: traffic the agent names no host for always goes
+	// through a relay.
+	LearnLifetime time.Duration
 }
+
+// DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
+// their paths every half lifetime; an endpoint that moved without the agent
+// telling this host (ForgetLearned) is re-bounced until its entry expires.
+const DefaultLearnLifetime = 30 * time.Second
 
 // Datapath is a loaded set of mizar programs and its pinned maps.
 type Datapath struct {
@@ -109,6 +129,12 @@ func Load(opts Options) (*Datapath, error) {
 	host := mizarHostConfig{
 		Ip:              opts.HostIP.Unmap().As4(),
 		UnderlayIfindex: uint32(opts.UnderlayIfindex),
+	}
+	switch {
+	case opts.LearnLifetime == 0:
+		host.LearnNs = uint64(DefaultLearnLifetime)
+	case opts.LearnLifetime > 0:
+		host.LearnNs = uint64(opts.LearnLifetime)
 	}
 	copy(host.Mac[:], opts.HostMAC)
 	if err := spec.Variables[mizarVarHost].Set(host); err != nil {
@@ -153,6 +179,10 @@ func (o *Options) validate() error {
 	}
 	if _, err := mac("host MAC", o.HostMAC); err != nil {
 		return err
+	}
+	if o.LearnLifetime > 0 && o.LearnLifetime < time.Second {
+		// The introduction delay and refresh at half the lifetime need room.
+		return fmt.Errorf("learn lifetime %v: at least 1s (or negative to turn learning off)", o.LearnLifetime)
 	}
 	if o.XDPMode != XDPDriver && o.XDPMode != XDPGeneric {
 		return fmt.Errorf("unknown XDP mode %d", int(o.XDPMode))

@@ -41,7 +41,7 @@ func classifyUnderlay(f []byte) (ulClass, int) {
 	if frag&0x1fff != 0 || len(f) < 14+ihl*4+8 || binary.BigEndian.Uint16(f[14+ihl*4+2:]) != 6081 {
 		return ulNotOurs, 0
 	}
-	if ihl != 5 || frag&0x2000 != 0 || len(f) < 50 {
+	if ihl != 5 || frag&0x2000 != 0 || !ipv4HeaderOK(ip[:20]) || !droplets[netip.AddrFrom4([4]byte(ip[12:16]))] || len(f) < 50 {
 		return ulBroken, 0
 	}
 	g := f[42:50]
@@ -62,6 +62,9 @@ func classifyUnderlay(f []byte) (ulClass, int) {
 	}
 	return ulValid, innerEth
 }
+
+// droplets are the fixture's: Geneve from anyone else is dropped.
+var droplets = map[netip.Addr]bool{hostA.IP: true, hostB.IP: true, hostC.IP: true, hostD.IP: true}
 
 func ipv4HeaderOK(h []byte) bool {
 	var sum uint32
@@ -109,7 +112,7 @@ func FuzzUnderlay(f *testing.F) {
 	for _, s := range underlaySeeds(f) {
 		f.Add(s)
 	}
-	hops := map[string]bool{hostA.IP.String(): true, hostB.IP.String(): true, hostC.IP.String(): true}
+	hops := map[string]bool{hostA.IP.String(): true, hostB.IP.String(): true, hostC.IP.String(): true, hostD.IP.String(): true}
 	localMACs := []net.HardwareAddr{epPod1.MAC, epLocal.MAC, epLocalS2.MAC, epVPC2.MAC}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14 || len(frame) > maxTestFrame {
@@ -129,8 +132,14 @@ func FuzzUnderlay(f *testing.F) {
 		case ret == xdpDrop:
 			// Well-formed, but the maps hold no route: fine.
 		case ret == xdpTX:
+			// A relay writes the sender it verified into mizar's option.
+			stamped := append([]byte(nil), frame...)
+			if frame[42]&0x3f == 2 && binary.BigEndian.Uint16(frame[50:]) == 0x0111 && frame[52] == 1 && frame[53]&0x1f == 1 {
+				copy(stamped[54:58], frame[26:30])
+			}
 			if len(out) != len(frame) || !ipv4HeaderOK(out[14:34]) || !bytes.Equal(out[34:40], frame[34:40]) ||
-				out[40] != 0 || out[41] != 0 || !bytes.Equal(out[42:], frame[42:]) || out[22] != frame[22]-1 {
+				out[40] != 0 || out[41] != 0 || (!bytes.Equal(out[42:], frame[42:]) && !bytes.Equal(out[42:], stamped[42:])) ||
+				out[22] != frame[22]-1 {
 				t.Fatalf("XDP_TX output is not a forward of the input\n in:\n%s\nout:\n%s", dump(frame), dump(out))
 			}
 			if !hops[netip.AddrFrom4([4]byte(out[30:34])).String()] || !bytes.Equal(out[26:30], hostH.IP.AsSlice()) || !bytes.Equal(out[6:12], hostH.MAC) {
@@ -151,7 +160,7 @@ func FuzzUnderlay(f *testing.F) {
 // else must be dropped): an ARP request from pod1 for an on-link address or
 // the gateway, or IPv4 from pod1's address with a complete header.
 func classifyPod(f []byte) bool {
-	if len(f) < 14 {
+	if len(f) < 14 || !bytes.Equal(f[6:12], pod1.MAC) {
 		return false
 	}
 	switch binary.BigEndian.Uint16(f[12:]) {
@@ -249,14 +258,24 @@ func FuzzPod(f *testing.F) {
 				binary.BigEndian.Uint16(out[20:]) != 2 || !bytes.Equal(out[22:28], pod1.GatewayMAC) {
 				t.Fatalf("ARP output is not a reply from the gateway\n%s", dump(out))
 			}
+		case len(out) == 70 && bytes.Equal(out[:6], pod1.MAC) && bytes.Equal(out[6:12], pod1.GatewayMAC):
+			// An ICMP error (time exceeded, fragmentation needed) from the
+			// gateway to pod1, quoting the packet.
+			gw, own := pod1.GatewayIP.As4(), pod1.IP.As4()
+			if !ipv4HeaderOK(out[14:34]) || out[23] != 1 || !bytes.Equal(out[26:30], gw[:]) || !bytes.Equal(out[30:34], own[:]) ||
+				(out[34] != 11 && out[34] != 3) || !sameExceptTTL(out[42:70], frame[14:42]) {
+				t.Fatalf("ICMP error does not quote the input\n in:\n%s\nout:\n%s", dump(frame), dump(out))
+			}
 		case len(out) == len(frame):
 			if !sameExceptTTL(out[14:], frame[14:]) || !bytes.Equal(out[6:12], pod1.GatewayMAC) {
 				t.Fatalf("same-host delivery altered the packet\n in:\n%s\nout:\n%s", dump(frame), dump(out))
 			}
-		case len(out) == len(frame)+GeneveOverhead:
+		case len(out) == len(frame)+GeneveOverhead || len(out) == len(frame)+GeneveOverhead+8:
+			// Through a relay the sending-host option (8 bytes) comes along.
+			inner := 64 + len(out) - len(frame) - GeneveOverhead
 			if !ipv4HeaderOK(out[14:34]) || !bytes.Equal(out[26:30], hostH.IP.AsSlice()) ||
 				binary.BigEndian.Uint16(out[36:]) != 6081 || binary.BigEndian.Uint32(out[46:])>>8 != vpc1 ||
-				!sameExceptTTL(out[64:], frame[14:]) {
+				int(out[42]&0x3f)*4 != inner-64 || !sameExceptTTL(out[inner:], frame[14:]) {
 				t.Fatalf("encapsulation does not carry the input\n in:\n%s\nout:\n%s", dump(frame), dump(out))
 			}
 		default:

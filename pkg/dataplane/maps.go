@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // MaxVNI is the largest Geneve VNI (24 bits). VNI 0 is reserved.
@@ -23,7 +25,9 @@ type Endpoint struct {
 	// when a packet is delivered to it.
 	MAC net.HardwareAddr
 	// HostIP and HostMAC are the underlay address of the endpoint's host.
-	// Required for remote endpoints; informational for local ones.
+	// HostIP is required for remote endpoints; informational for local
+	// ones. HostMAC as in Hop: nil when the host is not on this host's L2
+	// segment.
 	HostIP  netip.Addr
 	HostMAC net.HardwareAddr
 	// Ifindex is the host-side veth (in the host netns) of an endpoint on this
@@ -34,7 +38,16 @@ type Endpoint struct {
 // Hop is a host on the underlay that can take a packet on: a bouncer or a
 // divider.
 type Hop struct {
-	IP  netip.Addr
+	IP netip.Addr
+	// MAC of the hop's underlay interface when it shares this host's L2
+	// segment: frames go straight to it, no FIB lookup. nil for a droplet
+	// behind a router: the kernel FIB picks the next hop and its MAC
+	// (bpf_fib_lookup on the underlay, bpf_redirect_neigh on the pod side).
+	// The underlay program cannot wait for ARP: a bouncer or divider drops
+	// (drop_no_neigh) until the kernel has resolved its router, which the
+	// host's own traffic does. The kernel answers FIB lookups only with
+	// IPv4 forwarding on for the underlay interface (drop_no_route
+	// otherwise), as it is on Kubernetes nodes.
 	MAC net.HardwareAddr
 }
 
@@ -91,7 +104,7 @@ func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
 			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
 		}
 	}
-	if ep.Ifindex == 0 || ep.HostMAC != nil {
+	if ep.HostMAC != nil {
 		if v.HostMac, err = mac("endpoint host MAC", ep.HostMAC); err != nil {
 			return fmt.Errorf("endpoint %s: %w", ep.IP, err)
 		}
@@ -99,7 +112,8 @@ func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
 	if err := d.objs.Endpoints.Put(&k, &v); err != nil {
 		return fmt.Errorf("put endpoint (%d, %s): %w", ep.VNI, ep.IP, err)
 	}
-	return nil
+	// What the agent says replaces what was learned (a move, a new pod).
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }
 
 // DeleteEndpoint removes an endpoint; a missing one is not an error.
@@ -108,7 +122,10 @@ func (d *Datapath) DeleteEndpoint(vni uint32, ip netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("endpoint: %w", err)
 	}
-	return deleteKey(d.objs.Endpoints, &k, "endpoint")
+	if err := deleteKey(d.objs.Endpoints, &k, "endpoint"); err != nil {
+		return err
+	}
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }
 
 // Endpoints lists the endpoints map.
@@ -244,6 +261,11 @@ func (d *Datapath) UpsertPodInterface(p PodInterface) error {
 	}
 	if v.Mac, err = mac("pod MAC", p.MAC); err != nil {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
+	}
+	if v.Mac[0]&1 != 0 {
+		// The pod program drops multicast source MACs: such a pod could
+		// never send.
+		return fmt.Errorf("pod interface %d: pod MAC %s is a multicast address", p.Ifindex, p.MAC)
 	}
 	if v.GwIp, err = ipv4("gateway IP", p.GatewayIP); err != nil {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
@@ -418,6 +440,10 @@ func hops(dst *[MaxHops]mizarHop, src []Hop) (uint32, error) {
 		if dst[i].Ip, err = ipv4("hop IP", h.IP); err != nil {
 			return 0, err
 		}
+		if h.MAC == nil {
+			dst[i].Mac = [6]byte{}
+			continue // behind a router: the FIB decides
+		}
 		if dst[i].Mac, err = mac("hop MAC", h.MAC); err != nil {
 			return 0, err
 		}
@@ -429,7 +455,173 @@ func fromHops(src []mizarHop, n uint32) []Hop {
 	n = min(n, uint32(len(src)))
 	out := make([]Hop, 0, n)
 	for _, h := range src[:n] {
-		out = append(out, Hop{IP: netip.AddrFrom4(h.Ip), MAC: hwaddr(h.Mac)})
+		hop := Hop{IP: netip.AddrFrom4(h.Ip)}
+		if h.Mac != [6]byte{} {
+			hop.MAC = hwaddr(h.Mac)
+		}
+		out = append(out, hop)
 	}
 	return out
+}
+
+// UpsertDroplet makes a host on the underlay known: Geneve is accepted only
+// from droplets. Adding one that is known is not an error.
+func (d *Datapath) UpsertDroplet(ip netip.Addr) error {
+	k, err := dropletKey(ip)
+	if err != nil {
+		return fmt.Errorf("droplet: %w", err)
+	}
+	if err := d.objs.Droplets.Put(&k, uint8(1)); err != nil {
+		return fmt.Errorf("put droplet %s: %w", ip, err)
+	}
+	return nil
+}
+
+// DeleteDroplet forgets a droplet; a missing one is not an error. Its relay
+// roles (SetRelays) stay until they are replaced, but are unused while the
+// droplet is unknown.
+func (d *Datapath) DeleteDroplet(ip netip.Addr) error {
+	k, err := dropletKey(ip)
+	if err != nil {
+		return fmt.Errorf("droplet: %w", err)
+	}
+	return deleteKey(d.objs.Droplets, &k, "droplet")
+}
+
+// Droplets lists the droplets map.
+func (d *Datapath) Droplets() ([]netip.Addr, error) {
+	var (
+		k   mizarDropletKey
+		v   uint8
+		out []netip.Addr
+	)
+	it := d.objs.Droplets.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, netip.AddrFrom4(k.Ip))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list droplets: %w", err)
+	}
+	return out, nil
+}
+
+// SetRelays replaces the set of droplets that are bouncers or dividers of
+// the VPC with this VNI. A relay may forward packets of any endpoint of the
+// VPC; every other droplet is trusted only with the endpoints it hosts (the
+// endpoints map must say so: an inner source this host does not know is
+// refused unless a relay brings it). An empty list removes them all.
+func (d *Datapath) SetRelays(vni uint32, ips []netip.Addr) error {
+	if err := checkVNI(vni); err != nil {
+		return fmt.Errorf("relays: %w", err)
+	}
+	want := make(map[mizarEndpointKey]bool, len(ips))
+	for _, ip := range ips {
+		a, err := ipv4("relay IP", ip)
+		if err != nil {
+			return fmt.Errorf("relays of VPC %d: %w", vni, err)
+		}
+		want[mizarEndpointKey{Vni: vni, Ip: a}] = true
+	}
+	// Add first, then remove the rest: a relay staying in the set is never
+	// missing in between.
+	for k := range want {
+		if err := d.objs.Relays.Put(&k, uint8(1)); err != nil {
+			return fmt.Errorf("put relay (%d, %v): %w", vni, netip.AddrFrom4(k.Ip), err)
+		}
+	}
+	stale, err := d.relayKeys(func(k mizarEndpointKey) bool { return k.Vni == vni && !want[k] })
+	if err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := deleteKey(d.objs.Relays, &k, "relay"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Relays lists the relays map by VNI.
+func (d *Datapath) Relays() (map[uint32][]netip.Addr, error) {
+	keys, err := d.relayKeys(func(mizarEndpointKey) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32][]netip.Addr{}
+	for _, k := range keys {
+		out[k.Vni] = append(out[k.Vni], netip.AddrFrom4(k.Ip))
+	}
+	return out, nil
+}
+
+func (d *Datapath) relayKeys(keep func(mizarEndpointKey) bool) ([]mizarEndpointKey, error) {
+	var (
+		k   mizarEndpointKey
+		v   uint8
+		out []mizarEndpointKey
+	)
+	it := d.objs.Relays.Iterate()
+	for it.Next(&k, &v) {
+		if keep(k) {
+			out = append(out, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list relays: %w", err)
+	}
+	return out, nil
+}
+
+func dropletKey(ip netip.Addr) (mizarDropletKey, error) {
+	a, err := ipv4("droplet IP", ip)
+	if err != nil {
+		return mizarDropletKey{}, err
+	}
+	return mizarDropletKey{Ip: a}, nil
+}
+
+// LearnedEndpoint is an entry of the learned map: where a relay said an
+// endpoint lives (direct-path learning, see bpf/include/mizar.h).
+type LearnedEndpoint struct {
+	VNI    uint32
+	IP     netip.Addr
+	HostIP netip.Addr
+	// TTL is how much longer the entry is used; <= 0 once expired (it
+	// stays in the LRU map until evicted or refreshed).
+	TTL time.Duration
+}
+
+// Learned lists the learned map.
+func (d *Datapath) Learned() ([]LearnedEndpoint, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("read the monotonic clock: %w", err)
+	}
+	now := ts.Nano() // bpf_ktime_get_ns is CLOCK_MONOTONIC
+	var (
+		k   mizarEndpointKey
+		v   mizarLearnedEntry
+		out []LearnedEndpoint
+	)
+	it := d.objs.Learned.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, LearnedEndpoint{VNI: k.Vni, IP: netip.AddrFrom4(k.Ip), HostIP: netip.AddrFrom4(v.HostIp),
+			TTL: time.Duration(int64(v.Expires) - now)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list learned endpoints: %w", err)
+	}
+	return out, nil
+}
+
+// ForgetLearned drops what was learned about (vni, ip): the agent calls it
+// when an endpoint is deleted or moves, so no packet is sent to its old host.
+// UpsertEndpoint and DeleteEndpoint do it too. A missing entry is not an
+// error.
+func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) error {
+	k, err := endpointKey(vni, ip)
+	if err != nil {
+		return fmt.Errorf("learned endpoint: %w", err)
+	}
+	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }

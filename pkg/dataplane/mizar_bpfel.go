@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type mizarDropletKey struct {
+	_  structs.HostLayout
+	Ip [4]uint8
+}
+
 type mizarEndpoint struct {
 	_       structs.HostLayout
 	HostIp  [4]uint8
@@ -40,24 +45,48 @@ type mizarHostConfig struct {
 	Mac             [6]uint8
 	Pad             [2]uint8
 	UnderlayIfindex uint32
+	LearnNs         uint64
+}
+
+type mizarIntroKey struct {
+	_      structs.HostLayout
+	Vni    uint32
+	Ip     [4]uint8
+	HostIp [4]uint8
+}
+
+type mizarLearnedEntry struct {
+	_       structs.HostLayout
+	HostIp  [4]uint8
+	Pad     uint32
+	Expires uint64
 }
 
 type mizarPodCounter uint32
 
 const (
-	mizarPodCounterPOD_ENCAP            mizarPodCounter = 0
-	mizarPodCounterPOD_LOCAL            mizarPodCounter = 1
-	mizarPodCounterPOD_ARP_REPLY        mizarPodCounter = 2
-	mizarPodCounterPOD_DROP_NO_CONFIG   mizarPodCounter = 3
-	mizarPodCounterPOD_DROP_MALFORMED   mizarPodCounter = 4
-	mizarPodCounterPOD_DROP_NOT_IPV4    mizarPodCounter = 5
-	mizarPodCounterPOD_DROP_ARP         mizarPodCounter = 6
-	mizarPodCounterPOD_DROP_SPOOF       mizarPodCounter = 7
-	mizarPodCounterPOD_DROP_UNKNOWN_VNI mizarPodCounter = 8
-	mizarPodCounterPOD_DROP_UNKNOWN_DST mizarPodCounter = 9
-	mizarPodCounterPOD_DROP_TTL         mizarPodCounter = 10
-	mizarPodCounterPOD_DROP_ENCAP       mizarPodCounter = 11
-	mizarPodCounterPOD_MAX              mizarPodCounter = 12
+	mizarPodCounterPOD_ENCAP              mizarPodCounter = 0
+	mizarPodCounterPOD_LOCAL              mizarPodCounter = 1
+	mizarPodCounterPOD_ARP_REPLY          mizarPodCounter = 2
+	mizarPodCounterPOD_DROP_NO_CONFIG     mizarPodCounter = 3
+	mizarPodCounterPOD_DROP_MALFORMED     mizarPodCounter = 4
+	mizarPodCounterPOD_DROP_NOT_IPV4      mizarPodCounter = 5
+	mizarPodCounterPOD_DROP_ARP           mizarPodCounter = 6
+	mizarPodCounterPOD_DROP_SPOOF         mizarPodCounter = 7
+	mizarPodCounterPOD_DROP_UNKNOWN_VNI   mizarPodCounter = 8
+	mizarPodCounterPOD_DROP_UNKNOWN_DST   mizarPodCounter = 9
+	mizarPodCounterPOD_DROP_TTL           mizarPodCounter = 10
+	mizarPodCounterPOD_DROP_ENCAP         mizarPodCounter = 11
+	mizarPodCounterPOD_DROP_VLAN          mizarPodCounter = 12
+	mizarPodCounterPOD_DROP_MAC_MULTICAST mizarPodCounter = 13
+	mizarPodCounterPOD_DROP_MAC_SPOOF     mizarPodCounter = 14
+	mizarPodCounterPOD_ICMP_TIME_EXCEEDED mizarPodCounter = 15
+	mizarPodCounterPOD_ICMP_FRAG_NEEDED   mizarPodCounter = 16
+	mizarPodCounterPOD_DROP_TOO_BIG       mizarPodCounter = 17
+	mizarPodCounterPOD_DROP_REDIRECT      mizarPodCounter = 18
+	mizarPodCounterPOD_ENCAP_LEARNED      mizarPodCounter = 19
+	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
+	mizarPodCounterPOD_MAX                mizarPodCounter = 21
 )
 
 type mizarPodIface struct {
@@ -102,7 +131,18 @@ const (
 	mizarUnderlayCounterUL_DROP_UNKNOWN_DST    mizarUnderlayCounter = 12
 	mizarUnderlayCounterUL_DROP_TTL            mizarUnderlayCounter = 13
 	mizarUnderlayCounterUL_DROP_ADJUST         mizarUnderlayCounter = 14
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 15
+	mizarUnderlayCounterUL_DROP_IP_CHECKSUM    mizarUnderlayCounter = 15
+	mizarUnderlayCounterUL_DROP_NOT_DROPLET    mizarUnderlayCounter = 16
+	mizarUnderlayCounterUL_DROP_SRC_UNKNOWN    mizarUnderlayCounter = 17
+	mizarUnderlayCounterUL_DROP_SRC_SPOOFED    mizarUnderlayCounter = 18
+	mizarUnderlayCounterUL_DROP_ECN            mizarUnderlayCounter = 19
+	mizarUnderlayCounterUL_DROP_REDIRECT       mizarUnderlayCounter = 20
+	mizarUnderlayCounterUL_DROP_NO_ROUTE       mizarUnderlayCounter = 21
+	mizarUnderlayCounterUL_DROP_NO_NEIGH       mizarUnderlayCounter = 22
+	mizarUnderlayCounterUL_LEARN               mizarUnderlayCounter = 23
+	mizarUnderlayCounterUL_STAMP               mizarUnderlayCounter = 24
+	mizarUnderlayCounterUL_REBOUNCE            mizarUnderlayCounter = 25
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 26
 )
 
 type mizarVpc struct {
@@ -115,9 +155,13 @@ type mizarVpc struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	mizarMapDroplets       = "droplets"
 	mizarMapEndpoints      = "endpoints"
+	mizarMapIntroduced     = "introduced"
+	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
+	mizarMapRelays         = "relays"
 	mizarMapSubnets        = "subnets"
 	mizarMapUnderlayStats  = "underlay_stats"
 	mizarMapVpcs           = "vpcs"
@@ -176,9 +220,13 @@ type mizarProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
+	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
+	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
+	Relays        *ebpf.MapSpec `ebpf:"relays"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.MapSpec `ebpf:"vpcs"`
@@ -211,9 +259,13 @@ func (o *mizarObjects) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
+	Droplets      *ebpf.Map `ebpf:"droplets"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Introduced    *ebpf.Map `ebpf:"introduced"`
+	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
+	Relays        *ebpf.Map `ebpf:"relays"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.Map `ebpf:"vpcs"`
@@ -221,9 +273,13 @@ type mizarMaps struct {
 
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
+		m.Droplets,
 		m.Endpoints,
+		m.Introduced,
+		m.Learned,
 		m.PodIfaces,
 		m.PodStats,
+		m.Relays,
 		m.Subnets,
 		m.UnderlayStats,
 		m.Vpcs,

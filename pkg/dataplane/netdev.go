@@ -1,12 +1,14 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/safchain/ethtool"
+	"github.com/vishvananda/netlink"
 )
 
 // GeneveOverhead is what mizar adds to every pod packet on the underlay:
@@ -95,4 +97,50 @@ func AttachXDPPass(ifname string) (link.Link, error) {
 		return nil, fmt.Errorf("xdp pass on %s: %w", ifname, err)
 	}
 	return l, nil
+}
+
+// LinkDrops are the kernel's drop and error counters of one interface, from
+// its netlink link statistics: losses after the programs returned, which
+// their own counters cannot see (a redirect into a veth whose peer has no
+// NAPI, a full queue, a peer that is down). The node agent exports them
+// beside Counters.
+type LinkDrops struct {
+	Ifname    string
+	Ifindex   int
+	RxDropped uint64
+	TxDropped uint64
+	RxErrors  uint64
+	TxErrors  uint64
+}
+
+// KernelDrops reads LinkDrops of the underlay interface and of every pod
+// interface described in the pod_ifaces map, in the calling thread's netns
+// (the host's). Pod interfaces that no longer exist are left out.
+func (d *Datapath) KernelDrops() ([]LinkDrops, error) {
+	pods, err := d.PodInterfaces()
+	if err != nil {
+		return nil, err
+	}
+	idx := []int{d.opts.UnderlayIfindex}
+	for _, p := range pods {
+		idx = append(idx, p.Ifindex)
+	}
+	out := make([]LinkDrops, 0, len(idx))
+	for i, ifindex := range idx {
+		l, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if i > 0 && errors.As(err, &nf) {
+				continue
+			}
+			return nil, fmt.Errorf("link statistics of ifindex %d: %w", ifindex, err)
+		}
+		a := l.Attrs()
+		ld := LinkDrops{Ifname: a.Name, Ifindex: a.Index}
+		if s := a.Statistics; s != nil {
+			ld.RxDropped, ld.TxDropped, ld.RxErrors, ld.TxErrors = s.RxDropped, s.TxDropped, s.RxErrors, s.TxErrors
+		}
+		out = append(out, ld)
+	}
+	return out, nil
 }

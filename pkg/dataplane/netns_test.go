@@ -47,6 +47,8 @@ func buildThreeHosts(t *testing.T) *testNet {
 		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: s1, Bouncers: []Hop{C.hop()}}))
 		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc2, Prefix: s1, Bouncers: []Hop{C.hop()}}))
 	}
+	tn.setRelays(t, vpc1, B, C)
+	tn.setRelays(t, vpc2, C)
 	// A knows only its own subnets; B also holds S2 (it is its bouncer); C,
 	// the divider, holds every subnet of both VPCs.
 	must(t, B.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: s2, Bouncers: []Hop{B.hop()}}))
@@ -219,7 +221,7 @@ func captureUnderlay(t *testing.T, tn *testNet) map[string]*capture {
 	t.Helper()
 	caps := map[string]*capture{}
 	for _, h := range tn.order {
-		caps[h.name] = tn.sw.capture(t, "p"+h.name)
+		caps[h.name] = h.sw.capture(t, "p"+h.name)
 	}
 	return caps
 }
@@ -250,7 +252,7 @@ func expectGeneve(t *testing.T, frames [][]byte, src, dst *testHost, vni uint32,
 				t.Fatalf("Geneve UDP ports %d -> %d", udp.SrcPort, udp.DstPort)
 			}
 			eth := ls[0].(*layers.Ethernet)
-			if !bytesEq(eth.SrcMAC, src.mac) || !bytesEq(eth.DstMAC, dst.mac) {
+			if src.seg == dst.seg && (!bytesEq(eth.SrcMAC, src.mac) || !bytesEq(eth.DstMAC, dst.mac)) {
 				t.Fatalf("outer MACs %s -> %s, want %s -> %s", eth.SrcMAC, eth.DstMAC, src.mac, dst.mac)
 			}
 			return pkt

@@ -18,6 +18,7 @@ import (
 const (
 	passProgMizarTcPass  = "mizar_tc_pass"
 	passProgMizarXdpPass = "mizar_xdp_pass"
+	passProgMizarXdpTx   = "mizar_xdp_tx"
 )
 
 // loadPass returns the embedded CollectionSpec for pass.
@@ -64,6 +65,7 @@ type passSpecs struct {
 type passProgramSpecs struct {
 	MizarTcPass  *ebpf.ProgramSpec `ebpf:"mizar_tc_pass"`
 	MizarXdpPass *ebpf.ProgramSpec `ebpf:"mizar_xdp_pass"`
+	MizarXdpTx   *ebpf.ProgramSpec `ebpf:"mizar_xdp_tx"`
 }
 
 // passMapSpecs contains maps before they are loaded into the kernel.
@@ -116,12 +118,14 @@ type passVariables struct {
 type passPrograms struct {
 	MizarTcPass  *ebpf.Program `ebpf:"mizar_tc_pass"`
 	MizarXdpPass *ebpf.Program `ebpf:"mizar_xdp_pass"`
+	MizarXdpTx   *ebpf.Program `ebpf:"mizar_xdp_tx"`
 }
 
 func (p *passPrograms) Close() error {
 	return _PassClose(
 		p.MizarTcPass,
 		p.MizarXdpPass,
+		p.MizarXdpTx,
 	)
 }
 

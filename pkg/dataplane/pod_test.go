@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
@@ -16,11 +17,18 @@ func fromPod1(dst string) inner {
 		ttl: 64, sport: 43210, dport: 8080, payload: []byte("payload from pod1")}
 }
 
-// encapTo is the outer header H writes toward hop for packet p: fresh IPv4
-// header (TTL 64, DF, ID 0), source port from the flow hash, UDP checksum 0.
+// encapTo is the outer header H writes toward a relay hop for packet p:
+// fresh IPv4 header (TTL 64, DF, ID 0), source port from the flow hash, UDP
+// checksum 0, and the sending-host option naming H.
 func encapTo(hop Hop, p inner, vni uint32) outer {
 	return outer{srcMAC: hostH.MAC, dstMAC: hop.MAC, src: hostH.IP, dst: hop.IP,
-		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni}
+		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni, options: srcHostOption(hostH.IP)}
+}
+
+// direct is o sent straight to the destination's host: no option.
+func (o outer) direct() outer {
+	o.options = nil
+	return o
 }
 
 func arpFrame(t testing.TB, op uint16, srcMAC, dstMAC net.HardwareAddr, sha net.HardwareAddr, spa netip.Addr, tha net.HardwareAddr, tpa netip.Addr) []byte {
@@ -131,7 +139,7 @@ func TestPodEncapDirect(t *testing.T) {
 	d := fixture(t)
 	p := fromPod1(epRemote.IP.String())
 	innerOut := withMACs(p.frame(t), epRemote.MAC, nil)
-	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).geneve(t, innerOut))
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).direct().geneve(t, innerOut))
 }
 
 // Leaving the subnet: TTL - 1 (the gateway's hop), gateway as inner source;
@@ -157,7 +165,7 @@ func TestPodEncapAcrossSubnets(t *testing.T) {
 // portless protocols, and spreads flows over a subnet's bouncers.
 func TestPodFlowHash(t *testing.T) {
 	d := fixture(t)
-	bouncers := []Hop{hostA, hostB, hostC}
+	bouncers := s3Bouncers
 	seen := map[string]bool{}
 	var packets []inner
 	for sport := uint16(1000); sport < 1012; sport++ {
@@ -220,6 +228,14 @@ func TestPodRejects(t *testing.T) {
 	longIHL := append([]byte(nil), good[:14+20+6]...)
 	longIHL[14] = 0x4f
 
+	// No ICMP error about an ICMP error (RFC 1122 3.2.2).
+	ttl1Err := ttl1
+	ttl1Err.proto = layers.IPProtocolICMPv4
+	ttl1Err.payload = nil
+	ttl1ErrFrame := ttl1Err.frame(t)
+	ttl1ErrFrame[14+20] = 3 // destination unreachable, not echo request
+	binary.BigEndian.PutUint16(ttl1ErrFrame[14+20+2:], 0)
+
 	cases := []struct {
 		name  string
 		frame []byte
@@ -233,7 +249,7 @@ func TestPodRejects(t *testing.T) {
 		{"IPv4 header options cut off", longIHL, "drop_malformed"},
 		{"TCP without ports", good[:14+20+2], "drop_malformed"},
 		{"IPv4 header length 16", badIHL, "drop_malformed"},
-		{"TTL 1 leaving the subnet", ttl1.frame(t), "drop_ttl"},
+		{"TTL 1 leaving the subnet, ICMP error", ttl1ErrFrame, "drop_ttl"},
 		{"VPC known, destination unknown", fromPod1("10.7.7.7").frame(t), ""},
 	}
 	// 10.7.7.7 is outside every subnet of VPC 100, whose divider is C: that
@@ -292,4 +308,88 @@ func TestPodNoCrossingBetweenVPCs(t *testing.T) {
 	delta := counterDelta(t, d)
 	expectVerdict(t, d.PodProgram(), fromPod1(epLocal.IP.String()).frame(t), tcShot, nil)
 	expectCounts(t, delta().Pod, "drop_unknown_dst")
+}
+
+// Frames leave a pod only as what the endpoint is: its MAC, untagged. (A tag
+// in skb metadata, which BPF_PROG_TEST_RUN cannot set, is tested through the
+// kernel in TestPodFramesNeverLeak.)
+func TestPodLayer2Leaks(t *testing.T) {
+	d := fixture(t)
+	good := fromPod1("10.1.1.30")
+	spoofed := good
+	spoofed.srcMAC = mustMAC("02:aa:00:01:01:77")
+	mcast := good
+	mcast.srcMAC = mustMAC("01:00:5e:00:00:01")
+	bcast := good
+	bcast.srcMAC = layers.EthernetBroadcast
+	tagged := func(tpid layers.EthernetType) []byte {
+		return serialize(t, true,
+			&layers.Ethernet{SrcMAC: pod1.MAC, DstMAC: pod1.GatewayMAC, EthernetType: tpid},
+			&layers.Dot1Q{VLANIdentifier: 7, Type: layers.EthernetTypeIPv4}, good.ip(), gopacket.Payload(good.payload))
+	}
+	zero := make(net.HardwareAddr, 6)
+	arpSpoof := arpFrame(t, layers.ARPRequest, spoofed.srcMAC, layers.EthernetBroadcast, pod1.MAC, pod1.IP, zero, pod1.GatewayIP)
+	cases := []struct {
+		name  string
+		frame []byte
+		count string
+	}{
+		{"spoofed source MAC", spoofed.frame(t), "drop_mac_spoof"},
+		{"ARP from a spoofed MAC", arpSpoof, "drop_mac_spoof"},
+		{"multicast source MAC", mcast.frame(t), "drop_mac_multicast"},
+		{"broadcast source MAC", bcast.frame(t), "drop_mac_multicast"},
+		{"802.1Q tag inline", tagged(layers.EthernetTypeDot1Q), "drop_vlan"},
+		{"802.1ad tag inline", tagged(layers.EthernetTypeQinQ), "drop_vlan"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			delta := counterDelta(t, d)
+			expectVerdict(t, d.PodProgram(), c.frame, tcShot, nil)
+			expectCounts(t, delta().Pod, c.count)
+		})
+	}
+}
+
+// icmpError is what the pod-side program answers pod1 with about packet p:
+// from the gateway, quoting p's IPv4 header and first 8 bytes after it.
+func icmpError(t testing.TB, p inner, typ, code uint8, rest uint32) []byte {
+	t.Helper()
+	quoted := p.frame(t)[14 : 14+28]
+	icmp := &layers.ICMPv4{TypeCode: layers.CreateICMPv4TypeCode(typ, code)}
+	icmp.Id, icmp.Seq = uint16(rest>>16), uint16(rest)
+	return serialize(t, true,
+		&layers.Ethernet{SrcMAC: pod1.GatewayMAC, DstMAC: pod1.MAC, EthernetType: layers.EthernetTypeIPv4},
+		&layers.IPv4{Version: 4, TOS: 0xc0, TTL: 64, Protocol: layers.IPProtocolICMPv4, SrcIP: pod1.GatewayIP.AsSlice(), DstIP: pod1.IP.AsSlice()},
+		icmp, gopacket.Payload(quoted))
+}
+
+// Leaving the subnet with TTL 1 answers time exceeded from the gateway, so
+// traceroute shows it; for TCP, UDP and ICMP echo alike.
+func TestPodTTLExpiredAnswersICMP(t *testing.T) {
+	d := fixture(t)
+	for _, proto := range []layers.IPProtocol{layers.IPProtocolTCP, layers.IPProtocolUDP, layers.IPProtocolICMPv4} {
+		t.Run(proto.String(), func(t *testing.T) {
+			p := fromPod1("10.1.2.30")
+			p.ttl, p.proto = 1, proto
+			delta := counterDelta(t, d)
+			expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, icmpError(t, p, layers.ICMPv4TypeTimeExceeded, 0, 0))
+			expectCounts(t, delta().Pod, "icmp_time_exceeded")
+		})
+	}
+	// Inside the subnet there is no hop: TTL 1 goes through untouched.
+	p := fromPod1(epLocal.IP.String())
+	p.ttl = 1
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, withMACs(p.frame(t), epLocal.MAC, pod1.GatewayMAC))
+}
+
+// DSCP and ECN of the pod's packet are copied to the outer header.
+func TestPodEncapCopiesDSCPAndECN(t *testing.T) {
+	d := fixture(t)
+	for _, tos := range []uint8{0xb8, 0xb9, 0x2a, 0x03} {
+		p := fromPod1("10.1.1.30")
+		p.tos = tos
+		o := encapTo(hostC, p, vpc1)
+		o.tos = tos
+		expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, o.geneve(t, p.frame(t)))
+	}
 }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -145,6 +146,57 @@ func (n *netNS) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return c, err
 }
 
+// sendRaw writes whole Ethernet frames on an interface of the namespace
+// through an AF_PACKET socket: they enter the kernel as if the namespace's
+// stack had built them (a veth peer untags, runs tcx, and so on).
+func (n *netNS) sendRaw(tb testing.TB, ifname string, frames ...[]byte) {
+	tb.Helper()
+	n.do(tb, func() error {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+		for _, f := range frames {
+			copy(to.Addr[:], f[:6])
+			if err := unix.Sendto(fd, f, 0, to); err != nil {
+				return fmt.Errorf("send on %s: %w", ifname, err)
+			}
+		}
+		return nil
+	})
+}
+
+// sendUDP sends one datagram with this IPv4 TOS byte from inside the
+// namespace; its stack picks the source address and builds the headers.
+func (n *netNS) sendUDP(tb testing.TB, dst netip.AddrPort, tos int, payload []byte) {
+	tb.Helper()
+	n.do(tb, func() error {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TOS, tos)
+		}); err != nil || serr != nil {
+			return fmt.Errorf("set IP_TOS: %w", errors.Join(err, serr))
+		}
+		_, err = c.Write(payload)
+		return err
+	})
+}
+
 func (n *netNS) sysctl(tb testing.TB, key, value string) {
 	tb.Helper()
 	n.do(tb, func() error {
@@ -155,6 +207,8 @@ func (n *netNS) sysctl(tb testing.TB, key, value string) {
 type testHost struct {
 	name    string
 	ns      *netNS
+	seg     *segment
+	sw      *netNS // its segment's switch
 	ip      netip.Addr
 	mac     net.HardwareAddr
 	ulIndex int
@@ -162,6 +216,9 @@ type testHost struct {
 }
 
 func (h *testHost) hop() Hop { return Hop{IP: h.ip, MAC: h.mac} }
+
+// routedHop is h as a hop behind a router: no MAC, the FIB decides.
+func (h *testHost) routedHop() Hop { return Hop{IP: h.ip} }
 
 type testPod struct {
 	name      string
@@ -182,7 +239,13 @@ type podSpec struct {
 }
 
 type testNet struct {
-	sw    *netNS
+	sfx        string
+	segs       []*segment
+	routerLegs []routerLeg
+	sw         *netNS // the first segment's switch
+	// learn is Options.LearnLifetime for loadMizar (0: the default; < 0:
+	// no direct-path learning, so bounced traffic stays bounced).
+	learn time.Duration
 	hosts map[string]*testHost
 	pods  map[string]*testPod
 	order []*testHost
@@ -196,67 +259,157 @@ const (
 	podMTU      = underlayMTU - GeneveOverhead
 )
 
-// newTestNet builds the namespaces and links. Routing (plain, VXLAN, or
-// mizar) is configured separately.
+// newTestNet builds the namespaces and links, every host on one underlay
+// segment. Routing (plain, VXLAN, or mizar) is configured separately.
 func newTestNet(tb testing.TB, hosts []string, pods []podSpec) *testNet {
 	tb.Helper()
 	requireRoot(tb)
-	sfx := randSuffix(tb)
-	tn := &testNet{hosts: map[string]*testHost{}, pods: map[string]*testPod{}}
-	tn.sw = newNetNS(tb, "mzt-"+sfx+"-sw")
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: underlayMTU}}
-	must(tb, tn.sw.nl.LinkAdd(br))
-	must(tb, tn.sw.nl.LinkSetUp(br))
-
-	for i, name := range hosts {
-		h := &testHost{
-			name: name,
-			ns:   newNetNS(tb, "mzt-"+sfx+"-"+name),
-			ip:   netip.AddrFrom4([4]byte{198, 18, 0, byte(11 + i)}),
-			mac:  net.HardwareAddr{2, 0, 0, 0, 0, byte(0x11 + i)},
-		}
-		port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p" + name, MTU: underlayMTU, MasterIndex: 0},
-			PeerName: "ul0", PeerHardwareAddr: h.mac, PeerNamespace: netlink.NsFd(h.ns.ns.Fd()), PeerMTU: underlayMTU}
-		must(tb, tn.sw.nl.LinkAdd(port))
-		must(tb, tn.sw.nl.LinkSetMaster(port, br))
-		must(tb, tn.sw.nl.LinkSetUp(port))
-		ul, err := h.ns.nl.LinkByName("ul0")
-		must(tb, err)
-		must(tb, h.ns.nl.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(h.ip, 24))}))
-		must(tb, h.ns.nl.LinkSetUp(ul))
-		h.ulIndex = ul.Attrs().Index
-		tn.hosts[name] = h
-		tn.order = append(tn.order, h)
+	tn := &testNet{sfx: randSuffix(tb), hosts: map[string]*testHost{}, pods: map[string]*testPod{}}
+	seg := tn.addSegment(tb, netip.MustParsePrefix("198.18.0.0/24"))
+	tn.sw = seg.sw
+	for _, name := range hosts {
+		tn.addHost(tb, name)
 	}
-
-	for i, s := range pods {
-		h := tn.hosts[s.host]
-		pfx := netip.MustParsePrefix(s.addr)
-		p := &testPod{
-			name: s.name, host: h, vni: s.vni, ip: pfx.Addr(), subnet: pfx.Masked(),
-			ns:     newNetNS(tb, "mzt-"+sfx+"-"+s.name),
-			mac:    net.HardwareAddr{2, 0xaa, 0, 0, 0, byte(i + 1)},
-			hostIf: "mz" + s.name,
-		}
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.hostIf, MTU: podMTU},
-			PeerName: "eth0", PeerHardwareAddr: p.mac, PeerNamespace: netlink.NsFd(p.ns.ns.Fd()), PeerMTU: podMTU}
-		must(tb, h.ns.nl.LinkAdd(veth))
-		hl, err := h.ns.nl.LinkByName(p.hostIf)
-		must(tb, err)
-		must(tb, h.ns.nl.LinkSetUp(hl))
-		p.hostIndex = hl.Attrs().Index
-		eth0, err := p.ns.nl.LinkByName("eth0")
-		must(tb, err)
-		must(tb, p.ns.nl.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(pfx)}))
-		must(tb, p.ns.nl.LinkSetUp(eth0))
-		gw := gatewayOf(p.subnet)
-		must(tb, p.ns.nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}))
-		// The underlay program redirects into the host-side veth; the veth
-		// delivers only if this end has NAPI (GRO on).
-		must(tb, EnableGROInNetns(p.ns.path(), "eth0"))
-		tn.pods[s.name] = p
+	for _, s := range pods {
+		tn.addPod(tb, s)
 	}
 	return tn
+}
+
+// segment is one L2 underlay: a bridge in its own switch namespace.
+type segment struct {
+	sw     *netNS
+	br     *netlink.Bridge
+	prefix netip.Prefix
+	router netip.Addr // the router's address here, once routedSegment ran
+	hosts  int
+}
+
+func (tn *testNet) addSegment(tb testing.TB, prefix netip.Prefix) *segment {
+	tb.Helper()
+	seg := &segment{sw: newNetNS(tb, fmt.Sprintf("mzt-%s-sw%d", tn.sfx, len(tn.segs))), prefix: prefix,
+		br: &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0", MTU: underlayMTU}}}
+	must(tb, seg.sw.nl.LinkAdd(seg.br))
+	must(tb, seg.sw.nl.LinkSetUp(seg.br))
+	tn.segs = append(tn.segs, seg)
+	return seg
+}
+
+// plug connects a namespace to a segment by a veth: "p"+name on the bridge,
+// ifname inside, with addr and mac.
+func (seg *segment) plug(tb testing.TB, n *netNS, name, ifname string, addr netip.Addr, mac net.HardwareAddr) netlink.Link {
+	tb.Helper()
+	port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "p" + name, MTU: underlayMTU},
+		PeerName: ifname, PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(n.ns.Fd()), PeerMTU: underlayMTU}
+	must(tb, seg.sw.nl.LinkAdd(port))
+	must(tb, seg.sw.nl.LinkSetMaster(port, seg.br))
+	must(tb, seg.sw.nl.LinkSetUp(port))
+	l, err := n.nl.LinkByName(ifname)
+	must(tb, err)
+	must(tb, n.nl.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(addr, seg.prefix.Bits()))}))
+	must(tb, n.nl.LinkSetUp(l))
+	return l
+}
+
+// routedSegment adds a second underlay segment, 198.18.1.0/24, and a router
+// namespace between it and the first; hosts on either side route the other
+// segment through it. Droplets on the two segments are not L2 neighbours.
+func (tn *testNet) routedSegment(tb testing.TB) *segment {
+	tb.Helper()
+	near := tn.segs[0]
+	far := tn.addSegment(tb, netip.MustParsePrefix("198.18.1.0/24"))
+	r := newNetNS(tb, "mzt-"+tn.sfx+"-router")
+	r.sysctl(tb, "net.ipv4.ip_forward", "1")
+	near.router = netip.MustParseAddr("198.18.0.254")
+	far.router = netip.MustParseAddr("198.18.1.254")
+	tn.routerLegs = append(tn.routerLegs,
+		routerLeg{r, "eth0", near, near.plug(tb, r, "R", "eth0", near.router, net.HardwareAddr{2, 0, 0, 0, 0xfe, 0})},
+		routerLeg{r, "eth1", far, far.plug(tb, r, "R", "eth1", far.router, net.HardwareAddr{2, 0, 0, 0, 0xfe, 1})})
+	for _, h := range tn.order {
+		tn.routeAcross(tb, h)
+	}
+	return far
+}
+
+type routerLeg struct {
+	ns     *netNS
+	ifname string
+	seg    *segment
+	link   netlink.Link
+}
+
+// routeAcross routes, on host h, every other segment through the router.
+func (tn *testNet) routeAcross(tb testing.TB, h *testHost) {
+	tb.Helper()
+	if !h.seg.router.IsValid() {
+		return
+	}
+	for _, o := range tn.segs {
+		if o != h.seg {
+			must(tb, h.ns.nl.RouteAdd(&netlink.Route{Dst: prefixNet(o.prefix), Gw: h.seg.router.AsSlice(), LinkIndex: h.ulIndex}))
+		}
+	}
+}
+
+// addHost plugs a new host namespace into the first underlay segment.
+// Hosts added after loadMizar are not droplets of the others: strangers on
+// the underlay.
+func (tn *testNet) addHost(tb testing.TB, name string) *testHost {
+	tb.Helper()
+	return tn.addHostOn(tb, tn.segs[0], name)
+}
+
+// addHostOn plugs a new host into a segment, with the next free address.
+func (tn *testNet) addHostOn(tb testing.TB, seg *segment, name string) *testHost {
+	tb.Helper()
+	i := len(tn.order)
+	base := seg.prefix.Addr().As4()
+	base[3] = byte(11 + seg.hosts)
+	seg.hosts++
+	h := &testHost{
+		name: name,
+		ns:   newNetNS(tb, "mzt-"+tn.sfx+"-"+name),
+		seg:  seg,
+		ip:   netip.AddrFrom4(base),
+		mac:  net.HardwareAddr{2, 0, 0, 0, 0, byte(0x11 + i)},
+	}
+	h.sw = seg.sw
+	h.ulIndex = seg.plug(tb, h.ns, name, "ul0", h.ip, h.mac).Attrs().Index
+	tn.hosts[name] = h
+	tn.order = append(tn.order, h)
+	tn.routeAcross(tb, h)
+	return h
+}
+
+// addPod creates a pod namespace behind a veth of its host.
+func (tn *testNet) addPod(tb testing.TB, s podSpec) *testPod {
+	tb.Helper()
+	h := tn.hosts[s.host]
+	pfx := netip.MustParsePrefix(s.addr)
+	p := &testPod{
+		name: s.name, host: h, vni: s.vni, ip: pfx.Addr(), subnet: pfx.Masked(),
+		ns:     newNetNS(tb, "mzt-"+tn.sfx+"-"+s.name),
+		mac:    net.HardwareAddr{2, 0xaa, 0, 0, 0, byte(len(tn.pods) + 1)},
+		hostIf: "mz" + s.name,
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.hostIf, MTU: podMTU},
+		PeerName: "eth0", PeerHardwareAddr: p.mac, PeerNamespace: netlink.NsFd(p.ns.ns.Fd()), PeerMTU: podMTU}
+	must(tb, h.ns.nl.LinkAdd(veth))
+	hl, err := h.ns.nl.LinkByName(p.hostIf)
+	must(tb, err)
+	must(tb, h.ns.nl.LinkSetUp(hl))
+	p.hostIndex = hl.Attrs().Index
+	eth0, err := p.ns.nl.LinkByName("eth0")
+	must(tb, err)
+	must(tb, p.ns.nl.AddrAdd(eth0, &netlink.Addr{IPNet: prefixNet(pfx)}))
+	must(tb, p.ns.nl.LinkSetUp(eth0))
+	gw := gatewayOf(p.subnet)
+	must(tb, p.ns.nl.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice(), Flags: int(netlink.FLAG_ONLINK)}))
+	// The underlay program redirects into the host-side veth; the veth
+	// delivers only if this end has NAPI (GRO on).
+	must(tb, EnableGROInNetns(p.ns.path(), "eth0"))
+	tn.pods[s.name] = p
+	return p
 }
 
 func gatewayOf(subnet netip.Prefix) netip.Addr { return subnet.Addr().Next() }
@@ -293,7 +446,11 @@ func (tn *testNet) wireMode(tb testing.TB) {
 	tb.Helper()
 	for _, h := range tn.order {
 		h.ns.do(tb, func() error { return SetFeatures("ul0", wireFeatures) })
-		tn.sw.do(tb, func() error { return SetFeatures("p"+h.name, wireFeatures) })
+		h.sw.do(tb, func() error { return SetFeatures("p"+h.name, wireFeatures) })
+	}
+	for _, l := range tn.routerLegs {
+		l.ns.do(tb, func() error { return SetFeatures(l.ifname, wireFeatures) })
+		l.seg.sw.do(tb, func() error { return SetFeatures("pR", wireFeatures) })
 	}
 }
 
@@ -302,7 +459,7 @@ func (tn *testNet) wireMode(tb testing.TB) {
 // enough). A NIC needs nothing of the kind.
 func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 	tb.Helper()
-	tn.sw.do(tb, func() error {
+	tn.hosts[host].sw.do(tb, func() error {
 		l, err := AttachXDPPass("p" + host)
 		if err != nil {
 			return err
@@ -317,7 +474,7 @@ func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
 	h.ns.do(tb, func() error {
-		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac})
+		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn})
 		if err != nil {
 			return err
 		}
@@ -325,6 +482,11 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 		h.dp = dp
 		return dp.AttachUnderlay("ul0")
 	})
+	// Every host of the test net is a droplet, as the agent would learn
+	// from the Droplets in the API.
+	for _, o := range tn.order {
+		must(tb, h.dp.UpsertDroplet(o.ip))
+	}
 	for _, p := range tn.pods {
 		if p.host != h {
 			continue
@@ -338,10 +500,28 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	}
 }
 
+// setRelays tells every loaded host which hosts bounce or divide for a VPC.
+func (tn *testNet) setRelays(tb testing.TB, vni uint32, relays ...*testHost) {
+	tb.Helper()
+	ips := make([]netip.Addr, 0, len(relays))
+	for _, r := range relays {
+		ips = append(ips, r.ip)
+	}
+	for _, h := range tn.order {
+		if h.dp != nil {
+			must(tb, h.dp.SetRelays(vni, ips))
+		}
+	}
+}
+
 // remoteEndpoint tells host h where pod p lives.
 func (tn *testNet) remoteEndpoint(tb testing.TB, h *testHost, p *testPod) {
 	tb.Helper()
-	must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: p.host.ip, HostMAC: p.host.mac}))
+	var hostMAC net.HardwareAddr // behind a router: the FIB decides
+	if h.seg == p.host.seg {
+		hostMAC = p.host.mac
+	}
+	must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: p.host.ip, HostMAC: hostMAC}))
 }
 
 // ping runs count pings from pod src to dst and reports success.
@@ -457,6 +637,7 @@ func (tn *testNet) mizarOneSubnet(tb testing.TB, direct bool) {
 		must(tb, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
 		must(tb, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
 	}
+	tn.setRelays(tb, vpc1, C)
 	for _, p := range tn.pods {
 		for _, h := range tn.order {
 			if h != p.host && (direct || h == C) {

@@ -74,7 +74,7 @@ func TestUnderlayDividerToSubnetBouncer(t *testing.T) {
 // picks one, (port & 0x3fff) % n, the same rule the pod side uses.
 func TestUnderlayDividerSpreadsByFlow(t *testing.T) {
 	d := fixture(t)
-	bouncers := []Hop{hostA, hostB, hostC}
+	bouncers := s3Bouncers
 	in := podPacket("10.1.3.7").frame(t)
 	seen := map[string]bool{}
 	for _, sport := range []uint16{0xC000, 0xC001, 0xC002, 0xFFFF, 0xD00D, 0xC0DE} {
@@ -260,4 +260,97 @@ func TestUnderlayTruncated(t *testing.T) {
 			expectCounts(t, delta().Underlay, "rx", "drop_malformed")
 		})
 	}
+}
+
+// Trust on the underlay: Geneve only from droplets, with a good outer
+// header checksum, and an inner source that the outer source may speak for.
+func TestUnderlayTrust(t *testing.T) {
+	d := fixture(t)
+	prog := d.UnderlayProgram()
+	from := func(src Hop, vni uint32) outer {
+		o := fromA(vni)
+		o.src, o.srcMAC = src.IP, src.MAC
+		return o
+	}
+	sentBy := func(src string, dst string) []byte {
+		p := podPacket(dst)
+		p.src = addr(src)
+		return p.frame(t)
+	}
+	stranger := Hop{IP: addr("198.18.0.99"), MAC: mustMAC("02:00:00:00:00:99")}
+	badSum := fromA(vpc1).geneve(t, podPacket("10.1.1.10").frame(t))
+	badSum[14+10] ^= 0x01
+
+	cases := []struct {
+		name    string
+		frame   []byte
+		verdict uint32
+		counts  []string
+	}{
+		{"not a droplet", from(stranger, vpc1).geneve(t, podPacket("10.1.1.10").frame(t)), xdpDrop, []string{"rx", "drop_not_droplet"}},
+		{"not a droplet, to relay", from(stranger, vpc1).geneve(t, podPacket("10.1.1.20").frame(t)), xdpDrop, []string{"rx", "drop_not_droplet"}},
+		{"outer IPv4 checksum wrong", badSum, xdpDrop, []string{"rx", "drop_ip_checksum"}},
+		{"inner source unknown", fromA(vpc1).geneve(t, sentBy("10.1.1.77", "10.1.1.10")), xdpDrop, []string{"rx", "drop_src_unknown"}},
+		{"inner source hosted by B", fromA(vpc1).geneve(t, sentBy(epRemote.IP.String(), "10.1.1.10")), xdpDrop, []string{"rx", "drop_src_spoofed"}},
+		{"inner source is a pod of this host", fromA(vpc1).geneve(t, sentBy(epLocal.IP.String(), "10.1.1.10")), xdpDrop, []string{"rx", "drop_src_spoofed"}},
+		{"inner source of another VNI", fromA(vpc1).geneve(t, sentBy(epOnlyA2.IP.String(), "10.1.1.10")), xdpDrop, []string{"rx", "drop_src_unknown"}},
+		{"spoofed source not relayed", fromA(vpc1).geneve(t, sentBy("10.1.1.77", "10.1.1.20")), xdpDrop, []string{"rx", "drop_src_unknown"}},
+		{"relay brings any source of its VPC", from(hostC, vpc1).geneve(t, sentBy("10.1.1.77", "10.1.1.10")), xdpRedirect, []string{"rx", "deliver"}},
+		{"relay of another VPC only", from(hostC, vpc2).geneve(t, sentBy("10.1.1.77", "10.1.1.20")), xdpDrop, []string{"rx", "drop_src_unknown"}},
+		{"plain host for its own pod", from(hostA, vpc2).geneve(t, sentBy(epOnlyA2.IP.String(), "10.1.1.20")), xdpRedirect, []string{"rx", "deliver"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			delta := counterDelta(t, d)
+			expectVerdict(t, prog, c.frame, c.verdict, nil)
+			expectCounts(t, delta().Underlay, c.counts...)
+		})
+	}
+
+	// Forgetting a droplet, or a relay role, takes effect at once.
+	relayed := from(hostC, vpc1).geneve(t, sentBy("10.1.1.77", "10.1.1.10"))
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostB.IP}))
+	delta := counterDelta(t, d)
+	expectVerdict(t, prog, relayed, xdpDrop, nil)
+	expectCounts(t, delta().Underlay, "rx", "drop_src_unknown")
+	must(t, d.DeleteDroplet(hostA.IP))
+	delta = counterDelta(t, d)
+	expectVerdict(t, prog, fromA(vpc1).geneve(t, podPacket("10.1.1.10").frame(t)), xdpDrop, nil)
+	expectCounts(t, delta().Underlay, "rx", "drop_not_droplet")
+}
+
+// RFC 6040 decapsulation: CE on the outer header reaches an ECN-capable
+// inner packet (checksum patched), is refused over a not-ECT one; ECT(1)
+// outer over ECT(0) inner gives ECT(1); DSCP inside stays the sender's.
+func TestUnderlayDecapECN(t *testing.T) {
+	d := fixture(t)
+	cases := []struct {
+		outer, inner, want uint8 // TOS bytes
+	}{
+		{0x00, 0xb8, 0xb8},
+		{0xb8, 0x00, 0x00}, // outer DSCP is not copied inward
+		{0x03, 0xb9, 0xbb},
+		{0x03, 0x2a, 0x2b},
+		{0x03, 0x03, 0x03},
+		{0x01, 0x02, 0x01},
+		{0x02, 0x01, 0x01},
+		{0x01, 0x00, 0x00},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("outer %#02x inner %#02x", c.outer, c.inner), func(t *testing.T) {
+			p := podPacket("10.1.1.10")
+			p.tos = c.inner
+			o := fromA(vpc1)
+			o.tos = c.outer
+			want := p
+			want.tos = c.want
+			expectVerdict(t, d.UnderlayProgram(), o.geneve(t, p.frame(t)), xdpRedirect, withMACs(want.frame(t), pod1.MAC, nil))
+		})
+	}
+	p := podPacket("10.1.1.10")
+	o := fromA(vpc1)
+	o.tos = 0x03
+	delta := counterDelta(t, d)
+	expectVerdict(t, d.UnderlayProgram(), o.geneve(t, p.frame(t)), xdpDrop, nil)
+	expectCounts(t, delta().Underlay, "rx", "drop_ecn")
 }

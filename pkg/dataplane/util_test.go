@@ -76,6 +76,7 @@ var (
 	hostA = Hop{IP: netip.MustParseAddr("198.18.0.11"), MAC: mustMAC("02:00:00:00:00:11")}
 	hostB = Hop{IP: netip.MustParseAddr("198.18.0.12"), MAC: mustMAC("02:00:00:00:00:12")}
 	hostC = Hop{IP: netip.MustParseAddr("198.18.0.13"), MAC: mustMAC("02:00:00:00:00:13")}
+	hostD = Hop{IP: netip.MustParseAddr("198.18.0.14"), MAC: mustMAC("02:00:00:00:00:14")}
 )
 
 // loadTest loads a datapath for host H with a private pin root. Underlay
@@ -187,7 +188,7 @@ func serialize(tb testing.TB, checksums bool, ls ...gopacket.SerializableLayer) 
 type inner struct {
 	srcMAC, dstMAC net.HardwareAddr
 	src, dst       netip.Addr
-	ttl            uint8
+	ttl, tos       uint8
 	proto          layers.IPProtocol // TCP (default), UDP or ICMPv4
 	sport, dport   uint16
 	options        []layers.IPv4Option
@@ -207,7 +208,7 @@ func (p inner) ip() *layers.IPv4 {
 		proto = layers.IPProtocolTCP
 	}
 	return &layers.IPv4{
-		Version: 4, TTL: ttl, Protocol: proto, Id: p.id, Flags: p.flags, FragOffset: p.fragOffset,
+		Version: 4, TTL: ttl, TOS: p.tos, Protocol: proto, Id: p.id, Flags: p.flags, FragOffset: p.fragOffset,
 		SrcIP: p.src.AsSlice(), DstIP: p.dst.AsSlice(), Options: p.options,
 	}
 }
@@ -254,7 +255,7 @@ func (p inner) hash() uint32 {
 type outer struct {
 	srcMAC, dstMAC net.HardwareAddr
 	src, dst       netip.Addr
-	ttl            uint8
+	ttl, tos       uint8
 	id             uint16
 	sport          uint16
 	udpCsum        uint16
@@ -290,10 +291,15 @@ func (o outer) geneve(tb testing.TB, innerFrame []byte) []byte {
 	if o.df {
 		flags |= layers.IPv4DontFragment
 	}
-	ip := &layers.IPv4{Version: 4, TTL: ttl, Protocol: layers.IPProtocolUDP, Id: o.id, Flags: flags, FragOffset: o.fragOffset,
+	ip := &layers.IPv4{Version: 4, TTL: ttl, TOS: o.tos, Protocol: layers.IPProtocolUDP, Id: o.id, Flags: flags, FragOffset: o.fragOffset,
 		SrcIP: o.src.AsSlice(), DstIP: o.dst.AsSlice(), Options: o.ipOptions}
 	eth := &layers.Ethernet{SrcMAC: o.srcMAC, DstMAC: o.dstMAC, EthernetType: layers.EthernetTypeIPv4}
 	return serialize(tb, true, eth, ip, gopacket.Payload(l4))
+}
+
+// srcHostOption is mizar's Geneve option naming the sending host.
+func srcHostOption(host netip.Addr) []*layers.GeneveOption {
+	return []*layers.GeneveOption{{Class: 0x0111, Type: 0x01, Data: host.AsSlice()}}
 }
 
 // withMACs returns a copy of an Ethernet frame with new MACs (nil = keep).
