@@ -11,6 +11,7 @@ import (
 
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/registry"
+	brokerrest "mizar.dev/pkg/registry/broker/rest"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
 )
 
@@ -51,7 +52,11 @@ func (c *Config) New() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
 	}
-	if err := generic.InstallAPIGroups(networking); err != nil {
+	brokerGroup, err := brokerrest.StorageProvider{Scheme: Scheme, Codecs: Codecs}.NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
+	if err != nil {
+		return nil, fmt.Errorf("broker.mizar.dev storage: %w", err)
+	}
+	if err := generic.InstallAPIGroups(networking, brokerGroup); err != nil {
 		return nil, fmt.Errorf("installing API groups: %w", err)
 	}
 	return &Server{GenericAPIServer: generic}, nil

@@ -67,18 +67,20 @@ func TestServiceClassRules(t *testing.T) {
 		mutate func(*broker.ServiceClass)
 		want   []string
 	}{
-		"no plans":           {func(c *broker.ServiceClass) { c.Spec.Plans = nil }, []string{"FieldValueRequired spec.plans"}},
-		"duplicate plan":     {func(c *broker.ServiceClass) { c.Spec.Plans[1].Name = c.Spec.Plans[0].Name }, []string{"FieldValueDuplicate spec.plans[1].name"}},
-		"duplicate plan id":  {func(c *broker.ServiceClass) { c.Spec.Plans[1].ID = c.Spec.ID }, []string{"FieldValueDuplicate spec.plans[1].id"}},
-		"id with a slash":    {func(c *broker.ServiceClass) { c.Spec.ID = "a/b" }, []string{"FieldValueInvalid spec.id"}},
-		"no image":           {func(c *broker.ServiceClass) { c.Spec.Image = "" }, []string{"FieldValueRequired spec.image"}},
-		"zero replicas":      {func(c *broker.ServiceClass) { c.Spec.Plans[0].Replicas = 0 }, []string{"FieldValueInvalid spec.plans[0].replicas"}},
-		"too many replicas":  {func(c *broker.ServiceClass) { c.Spec.Plans[0].Replicas = 10 }, []string{"FieldValueInvalid spec.plans[0].replicas"}},
-		"no storage":         {func(c *broker.ServiceClass) { c.Spec.Plans[1].Storage.Set(0) }, []string{"FieldValueInvalid spec.plans[1].storage"}},
-		"negative deadline":  {func(c *broker.ServiceClass) { c.Spec.Plans[0].MaxProvisioningDuration.Duration = -time.Second }, []string{"FieldValueInvalid spec.plans[0].maxProvisioningDuration"}},
-		"schema not object":  {func(c *broker.ServiceClass) { c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{"type":"string"}`) }, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
-		"schema not json":    {func(c *broker.ServiceClass) { c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{`) }, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
-		"schema with a $ref": {func(c *broker.ServiceClass) { c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{"type":"object","properties":{"a":{"$ref":"http://x/y"}}}`) }, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
+		"no plans":          {func(c *broker.ServiceClass) { c.Spec.Plans = nil }, []string{"FieldValueRequired spec.plans"}},
+		"duplicate plan":    {func(c *broker.ServiceClass) { c.Spec.Plans[1].Name = c.Spec.Plans[0].Name }, []string{"FieldValueDuplicate spec.plans[1].name"}},
+		"duplicate plan id": {func(c *broker.ServiceClass) { c.Spec.Plans[1].ID = c.Spec.ID }, []string{"FieldValueDuplicate spec.plans[1].id"}},
+		"id with a slash":   {func(c *broker.ServiceClass) { c.Spec.ID = "a/b" }, []string{"FieldValueInvalid spec.id"}},
+		"no image":          {func(c *broker.ServiceClass) { c.Spec.Image = "" }, []string{"FieldValueRequired spec.image"}},
+		"zero replicas":     {func(c *broker.ServiceClass) { c.Spec.Plans[0].Replicas = 0 }, []string{"FieldValueInvalid spec.plans[0].replicas"}},
+		"too many replicas": {func(c *broker.ServiceClass) { c.Spec.Plans[0].Replicas = 10 }, []string{"FieldValueInvalid spec.plans[0].replicas"}},
+		"no storage":        {func(c *broker.ServiceClass) { c.Spec.Plans[1].Storage.Set(0) }, []string{"FieldValueInvalid spec.plans[1].storage"}},
+		"negative deadline": {func(c *broker.ServiceClass) { c.Spec.Plans[0].MaxProvisioningDuration.Duration = -time.Second }, []string{"FieldValueInvalid spec.plans[0].maxProvisioningDuration"}},
+		"schema not object": {func(c *broker.ServiceClass) { c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{"type":"string"}`) }, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
+		"schema not json":   {func(c *broker.ServiceClass) { c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{`) }, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
+		"schema with a $ref": {func(c *broker.ServiceClass) {
+			c.Spec.Plans[0].ParametersSchema.Raw = []byte(`{"type":"object","properties":{"a":{"$ref":"http://x/y"}}}`)
+		}, []string{"FieldValueInvalid spec.plans[0].parametersSchema"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
