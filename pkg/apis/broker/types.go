@@ -21,11 +21,12 @@ const (
 type StepState string
 
 const (
-	StepPending     StepState = "Pending"
-	StepRunning     StepState = "Running"
-	StepDone        StepState = "Done"
-	StepFailed      StepState = "Failed"
-	StepCompensated StepState = "Compensated"
+	StepPending      StepState = "Pending"
+	StepRunning      StepState = "Running"
+	StepDone         StepState = "Done"
+	StepFailed       StepState = "Failed"
+	StepCompensating StepState = "Compensating"
+	StepCompensated  StepState = "Compensated"
 )
 
 // +genclient

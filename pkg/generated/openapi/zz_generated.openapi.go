@@ -3464,16 +3464,16 @@ func schema_pkg_apis_broker_v1alpha1_Step(ref common.ReferenceCallback) common.O
 					},
 					"state": {
 						SchemaProps: spec.SchemaProps{
-							Description: "state is Pending, Running, Done, Failed or Compensated.\n\nPossible enum values:\n - `\"Compensated\"` : undone by compensation or deprovisioning.\n - `\"Done\"` : completed; a resumed saga skips it.\n - `\"Failed\"` : failed permanently (or hit the deadline).\n - `\"Pending\"` : not started.\n - `\"Running\"` : started, possibly retrying after transient errors.",
+							Description: "state is Pending, Running, Done, Failed, Compensating or Compensated.\n\nPossible enum values:\n - `\"Compensated\"` : undone by compensation or deprovisioning.\n - `\"Compensating\"` : being undone, possibly retrying after errors.\n - `\"Done\"` : completed; a resumed saga skips it.\n - `\"Failed\"` : failed permanently (or hit the deadline).\n - `\"Pending\"` : not started.\n - `\"Running\"` : started, possibly retrying after transient errors.",
 							Default:     "",
 							Type:        []string{"string"},
 							Format:      "",
-							Enum:        []interface{}{"Compensated", "Done", "Failed", "Pending", "Running"},
+							Enum:        []interface{}{"Compensated", "Compensating", "Done", "Failed", "Pending", "Running"},
 						},
 					},
 					"attempts": {
 						SchemaProps: spec.SchemaProps{
-							Description: "attempts counts the step's runs, retries after transient errors included.",
+							Description: "attempts counts the runs of the step that ended in an error; while the step is Compensating it counts failed undo attempts instead (they drive the backoff).",
 							Type:        []string{"integer"},
 							Format:      "int32",
 						},

@@ -37,6 +37,8 @@ const (
 	StepDone StepState = "Done"
 	// StepFailed: failed permanently (or hit the deadline).
 	StepFailed StepState = "Failed"
+	// StepCompensating: being undone, possibly retrying after errors.
+	StepCompensating StepState = "Compensating"
 	// StepCompensated: undone by compensation or deprovisioning.
 	StepCompensated StepState = "Compensated"
 )
@@ -182,9 +184,10 @@ type ServiceInstanceStatus struct {
 type Step struct {
 	// name identifies the step, e.g. CreatingStatefulSet.
 	Name string `json:"name"`
-	// state is Pending, Running, Done, Failed or Compensated.
+	// state is Pending, Running, Done, Failed, Compensating or Compensated.
 	State StepState `json:"state"`
-	// attempts counts the step's runs, retries after transient errors included.
+	// attempts counts the runs of the step that ended in an error; while the step is
+	// Compensating it counts failed undo attempts instead (they drive the backoff).
 	// +optional
 	Attempts int32 `json:"attempts,omitempty"`
 	// message is the step's latest progress or error, for people.

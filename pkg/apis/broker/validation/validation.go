@@ -47,7 +47,7 @@ var (
 	metaPath   = field.NewPath("metadata")
 
 	instancePhases = sets.New(broker.PhasePending, broker.PhaseProvisioning, broker.PhaseProvisioned, broker.PhaseDeprovisioning, broker.PhaseFailed)
-	stepStates     = sets.New(broker.StepPending, broker.StepRunning, broker.StepDone, broker.StepFailed, broker.StepCompensated)
+	stepStates     = sets.New(broker.StepPending, broker.StepRunning, broker.StepDone, broker.StepFailed, broker.StepCompensating, broker.StepCompensated)
 )
 
 // ValidateServiceClass validates a service class on create.

@@ -30,9 +30,10 @@ import (
 type StepApplyConfiguration struct {
 	// name identifies the step, e.g. CreatingStatefulSet.
 	Name *string `json:"name,omitempty"`
-	// state is Pending, Running, Done, Failed or Compensated.
+	// state is Pending, Running, Done, Failed, Compensating or Compensated.
 	State *brokerv1alpha1.StepState `json:"state,omitempty"`
-	// attempts counts the step's runs, retries after transient errors included.
+	// attempts counts the runs of the step that ended in an error; while the step is
+	// Compensating it counts failed undo attempts instead (they drive the backoff).
 	Attempts *int32 `json:"attempts,omitempty"`
 	// message is the step's latest progress or error, for people.
 	Message *string `json:"message,omitempty"`
