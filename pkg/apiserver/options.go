@@ -47,6 +47,8 @@ type Options struct {
 	AlternateDNS []string
 	// EtcdUnsafeNoFsync makes the embedded etcd skip fsync; for tests only.
 	EtcdUnsafeNoFsync bool
+	// Broker configures the service broker (--broker-*).
+	Broker BrokerOptions
 }
 
 // NewOptions returns the defaults.
@@ -74,6 +76,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Extra DNS names for a self-signed serving certificate, e.g. mizar-apiserver.mizar-system.svc.")
 	fs.BoolVar(&o.EtcdUnsafeNoFsync, "embedded-etcd-unsafe-no-fsync", false, "Skip fsync in the embedded etcd. Loses data on a crash; for tests only.")
 	_ = fs.MarkHidden("embedded-etcd-unsafe-no-fsync")
+	o.Broker.AddFlags(fs)
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -88,6 +91,9 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}()
 
+	if err := o.Broker.Complete(); err != nil {
+		return err
+	}
 	// Settle the serving mode first: a mistake there is reported before anything starts.
 	var standalone *standalonePKI
 	if o.Standalone {
@@ -137,6 +143,11 @@ func (o *Options) Run(ctx context.Context) error {
 	server, err := (&Config{Generic: cfg, Locker: locker}).New()
 	if err != nil {
 		return err
+	}
+	if o.Broker.Fulfillment {
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
+			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig)
+		})
 	}
 	if standalone != nil {
 		addr := cfg.SecureServing.Listener.Addr().String()

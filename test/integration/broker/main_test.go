@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,4 +43,20 @@ func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+func TestFulfillmentFlagsAreCheckedBeforeStart(t *testing.T) {
+	dir := t.TempDir()
+	missing := dir + "/no-such-kubeconfig"
+	s, err := apiservertest.New(dir, "--broker-fulfillment", "--broker-workload-kubeconfig", missing)
+	if err == nil {
+		_ = s.Stop()
+		t.Fatal("the server started with an unreadable workload kubeconfig")
+	}
+	if !strings.Contains(err.Error(), "--broker-workload-kubeconfig "+missing) {
+		t.Errorf("error %q does not name the flag and file", err)
+	}
+	if _, err := apiservertest.New(t.TempDir(), "--broker-workers", "0"); err == nil || !strings.Contains(err.Error(), "--broker-workers must be at least 1") {
+		t.Errorf("--broker-workers 0: %v", err)
+	}
 }
