@@ -5,9 +5,11 @@ go 1.25.0
 tool github.com/cilium/ebpf/cmd/bpf2go
 
 require (
+	code.cloudfoundry.org/brokerapi/v13 v13.0.0
 	github.com/cilium/ebpf v0.22.0
 	github.com/containernetworking/plugins v1.9.1
 	github.com/gopacket/gopacket v1.7.7
+	github.com/pmorie/go-open-service-broker-client v0.0.0-20180330214919-dca737037ce6
 	github.com/safchain/ethtool v0.7.0
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
@@ -65,6 +67,7 @@ require (
 	github.com/go-openapi/swag/yamlutils v0.27.1 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang-jwt/jwt/v5 v5.2.2 // indirect
+	github.com/golang/glog v1.2.4 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cel-go v0.26.0 // indirect

@@ -150,7 +150,8 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer c.queue.ShutDown()
 	c.start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("fulfillment: %w before the caches synced", errStopped)
+		// Stopped while starting is a stop like any other.
+		return nil
 	}
 	klog.InfoS("Fulfillment operator started", "workers", workers)
 	for i := 0; i < workers; i++ {

@@ -3,7 +3,6 @@ package fulfillment
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -310,4 +309,19 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 	return res.RequeueAfter, nil
 }
 
-var errStopped = errors.New("controller stopped")
+// DescribeUndo says how far removing an order's workload is, for people.
+func DescribeUndo(in *brokerv1.ServiceInstance) string {
+	steps := in.Status.Steps
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		if s.State == brokerv1.StepPending || s.State == brokerv1.StepCompensated {
+			continue
+		}
+		d := fmt.Sprintf("undoing step %d of %d (%s)", i+1, len(steps), s.Name)
+		if s.State == brokerv1.StepCompensating && s.Message != "" {
+			d += ": " + s.Message
+		}
+		return d
+	}
+	return "nothing left to remove"
+}
