@@ -94,6 +94,8 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.Broker.Complete(); err != nil {
 		return err
 	}
+	// Closing is harmless once the OSB server has taken the listener over.
+	cleanups = append(cleanups, o.Broker.Close)
 	// Settle the serving mode first: a mistake there is reported before anything starts.
 	var standalone *standalonePKI
 	if o.Standalone {
@@ -147,6 +149,12 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.Broker.Fulfillment {
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
 			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig)
+		})
+	}
+	if o.Broker.OSBAddress != "" {
+		certKey := o.Recommended.SecureServing.ServerCert.CertKey
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-osb", func(hc genericapiserver.PostStartHookContext) error {
+			return o.Broker.startOSB(hc, hc.LoopbackClientConfig, certKey.CertFile, certKey.KeyFile)
 		})
 	}
 	if standalone != nil {

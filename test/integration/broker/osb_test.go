@@ -5,10 +5,13 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/broker/osb"
 )
 
@@ -312,3 +316,51 @@ func TestOSBIndependentClient(t *testing.T) {
 }
 
 func strPtr(s string) *string { return &s }
+
+// TestOSBListenerOfTheServer runs mizar-apiserver with the OSB API on its own
+// TLS listener and reads the (empty) catalog of its own etcd through it.
+func TestOSBListenerOfTheServer(t *testing.T) {
+	dir := t.TempDir()
+	credFile := dir + "/osb-credentials"
+	if err := os.WriteFile(credFile, []byte(creds.Username+":"+creds.Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The workload kubeconfig is only needed for bind; the shared server's will do.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	apiservertest.Start(t, dir, "--broker-osb-address", addr, "--broker-osb-credentials-file", credFile,
+		"--broker-workload-kubeconfig", shared.Kubeconfig)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	var last string
+	err = wait.PollUntilContextTimeout(testContext(t), 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/v2/catalog", nil)
+		req.SetBasicAuth(creds.Username, creds.Password)
+		req.Header.Set("X-Broker-API-Version", "2.14")
+		resp, err := client.Do(req)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		return resp.StatusCode == 200 && strings.Contains(string(b), `"services"`), nil
+	})
+	if err != nil {
+		t.Fatalf("OSB catalog through the server's listener: %s", last)
+	}
+
+	short := dir + "/short"
+	_ = os.WriteFile(short, []byte("platform:short"), 0o600)
+	if _, err := apiservertest.New(t.TempDir(), "--broker-osb-address", "127.0.0.1:0", "--broker-osb-credentials-file", short,
+		"--broker-workload-kubeconfig", shared.Kubeconfig); err == nil || !strings.Contains(err.Error(), "at least 16") {
+		t.Errorf("a short password: %v", err)
+	}
+	if _, err := apiservertest.New(t.TempDir(), "--broker-osb-address", "127.0.0.1:0"); err == nil || !strings.Contains(err.Error(), "no default password") {
+		t.Errorf("no credentials: %v", err)
+	}
+}
