@@ -55,6 +55,8 @@ type Options struct {
 	// WrapStorage, when set, wraps each resource's storage (tests inject faults
 	// with it; no flag sets it).
 	WrapStorage StorageWrapper
+	// Broker configures the service broker (--broker-*).
+	Broker BrokerOptions
 
 	// Shutdown is how the server stops on SIGTERM.
 	Shutdown ShutdownOptions
@@ -159,6 +161,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Extra DNS names for a self-signed serving certificate, e.g. mizar-apiserver.mizar-system.svc.")
 	fs.BoolVar(&o.EtcdUnsafeNoFsync, "embedded-etcd-unsafe-no-fsync", false, "Skip fsync in the embedded etcd. Loses data on a crash; for tests only.")
 	_ = fs.MarkHidden("embedded-etcd-unsafe-no-fsync")
+	o.Broker.AddFlags(fs)
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -173,6 +176,11 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}()
 
+	if err := o.Broker.Complete(); err != nil {
+		return err
+	}
+	// Closing is harmless once the OSB server has taken the listener over.
+	cleanups = append(cleanups, o.Broker.Close)
 	// Settle the serving mode first: a mistake there is reported before anything starts.
 	if err := o.checkModeFlags(); err != nil {
 		return err
@@ -236,6 +244,17 @@ func (o *Options) Run(ctx context.Context) error {
 	server, err := (&Config{Generic: cfg, Claims: claims}).New()
 	if err != nil {
 		return err
+	}
+	if o.Broker.Fulfillment {
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
+			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig)
+		})
+	}
+	if o.Broker.OSBAddress != "" {
+		certKey := o.Recommended.SecureServing.ServerCert.CertKey
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-osb", func(hc genericapiserver.PostStartHookContext) error {
+			return o.Broker.startOSB(hc, hc.LoopbackClientConfig, certKey.CertFile, certKey.KeyFile)
+		})
 	}
 	if standalone != nil {
 		addr := cfg.SecureServing.Listener.Addr().String()

@@ -6,6 +6,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 
+	brokerinstall "mizar.dev/pkg/apis/broker/install"
+	brokerv1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	networkinginstall "mizar.dev/pkg/apis/networking/install"
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
@@ -16,11 +18,12 @@ var (
 	// Codecs serialize them.
 	Codecs = serializer.NewCodecFactory(Scheme)
 	// StorageVersions are the versions objects are written to etcd in.
-	StorageVersions = schema.GroupVersions{networkingv1alpha1.SchemeGroupVersion}
+	StorageVersions = schema.GroupVersions{networkingv1alpha1.SchemeGroupVersion, brokerv1alpha1.SchemeGroupVersion}
 )
 
 func init() {
 	networkinginstall.Install(Scheme)
+	brokerinstall.Install(Scheme)
 	// Options types (ListOptions, ...) and the unversioned meta types every
 	// generic server answers with.
 	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})

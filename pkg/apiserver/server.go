@@ -14,6 +14,7 @@ import (
 	"mizar.dev/pkg/etcd"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/registry"
+	brokerrest "mizar.dev/pkg/registry/broker/rest"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
 )
 
@@ -65,7 +66,11 @@ func (c *Config) New() (*Server, error) {
 		go registry.RepairLoop(ctx, repairers, claimRepairPeriod)
 		return nil
 	})
-	if err := generic.InstallAPIGroups(networking); err != nil {
+	brokerGroup, err := brokerrest.StorageProvider{Scheme: Scheme, Codecs: Codecs}.NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
+	if err != nil {
+		return nil, fmt.Errorf("broker.mizar.dev storage: %w", err)
+	}
+	if err := generic.InstallAPIGroups(networking, brokerGroup); err != nil {
 		return nil, fmt.Errorf("installing API groups: %w", err)
 	}
 	return &Server{GenericAPIServer: generic}, nil

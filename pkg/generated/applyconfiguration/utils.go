@@ -22,54 +22,78 @@ import (
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	managedfields "k8s.io/apimachinery/pkg/util/managedfields"
-	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	v1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	brokerv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/broker/v1alpha1"
 	internal "mizar.dev/pkg/generated/applyconfiguration/internal"
-	networkingv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"
+	applyconfigurationnetworkingv1alpha1 "mizar.dev/pkg/generated/applyconfiguration/networking/v1alpha1"
 )
 
 // ForKind returns an apply configuration type for the given GroupVersionKind, or nil if no
 // apply configuration type exists for the given GroupVersionKind.
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
-	// Group=networking.mizar.dev, Version=v1alpha1
-	case v1alpha1.SchemeGroupVersion.WithKind("Bouncer"):
-		return &networkingv1alpha1.BouncerApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("BouncerSpec"):
-		return &networkingv1alpha1.BouncerSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("BouncerStatus"):
-		return &networkingv1alpha1.BouncerStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("Divider"):
-		return &networkingv1alpha1.DividerApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("DividerSpec"):
-		return &networkingv1alpha1.DividerSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("DividerStatus"):
-		return &networkingv1alpha1.DividerStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("Droplet"):
-		return &networkingv1alpha1.DropletApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("DropletSpec"):
-		return &networkingv1alpha1.DropletSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("DropletStatus"):
-		return &networkingv1alpha1.DropletStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("Endpoint"):
-		return &networkingv1alpha1.EndpointApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("EndpointSpec"):
-		return &networkingv1alpha1.EndpointSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("EndpointStatus"):
-		return &networkingv1alpha1.EndpointStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("ProvisioningStatus"):
-		return &networkingv1alpha1.ProvisioningStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("Subnet"):
-		return &networkingv1alpha1.SubnetApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("SubnetSpec"):
-		return &networkingv1alpha1.SubnetSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("SubnetStatus"):
-		return &networkingv1alpha1.SubnetStatusApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("Vpc"):
-		return &networkingv1alpha1.VpcApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("VpcSpec"):
-		return &networkingv1alpha1.VpcSpecApplyConfiguration{}
-	case v1alpha1.SchemeGroupVersion.WithKind("VpcStatus"):
-		return &networkingv1alpha1.VpcStatusApplyConfiguration{}
+	// Group=broker.mizar.dev, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceBinding"):
+		return &brokerv1alpha1.ServiceBindingApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceBindingSpec"):
+		return &brokerv1alpha1.ServiceBindingSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceBindingStatus"):
+		return &brokerv1alpha1.ServiceBindingStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceClass"):
+		return &brokerv1alpha1.ServiceClassApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceClassSpec"):
+		return &brokerv1alpha1.ServiceClassSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceInstance"):
+		return &brokerv1alpha1.ServiceInstanceApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceInstanceSpec"):
+		return &brokerv1alpha1.ServiceInstanceSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceInstanceStatus"):
+		return &brokerv1alpha1.ServiceInstanceStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServicePlan"):
+		return &brokerv1alpha1.ServicePlanApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("Step"):
+		return &brokerv1alpha1.StepApplyConfiguration{}
+
+		// Group=networking.mizar.dev, Version=v1alpha1
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Bouncer"):
+		return &applyconfigurationnetworkingv1alpha1.BouncerApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("BouncerSpec"):
+		return &applyconfigurationnetworkingv1alpha1.BouncerSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("BouncerStatus"):
+		return &applyconfigurationnetworkingv1alpha1.BouncerStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Divider"):
+		return &applyconfigurationnetworkingv1alpha1.DividerApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("DividerSpec"):
+		return &applyconfigurationnetworkingv1alpha1.DividerSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("DividerStatus"):
+		return &applyconfigurationnetworkingv1alpha1.DividerStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Droplet"):
+		return &applyconfigurationnetworkingv1alpha1.DropletApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("DropletSpec"):
+		return &applyconfigurationnetworkingv1alpha1.DropletSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("DropletStatus"):
+		return &applyconfigurationnetworkingv1alpha1.DropletStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Endpoint"):
+		return &applyconfigurationnetworkingv1alpha1.EndpointApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("EndpointSpec"):
+		return &applyconfigurationnetworkingv1alpha1.EndpointSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("EndpointStatus"):
+		return &applyconfigurationnetworkingv1alpha1.EndpointStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("ProvisioningStatus"):
+		return &applyconfigurationnetworkingv1alpha1.ProvisioningStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Subnet"):
+		return &applyconfigurationnetworkingv1alpha1.SubnetApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("SubnetSpec"):
+		return &applyconfigurationnetworkingv1alpha1.SubnetSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("SubnetStatus"):
+		return &applyconfigurationnetworkingv1alpha1.SubnetStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("Vpc"):
+		return &applyconfigurationnetworkingv1alpha1.VpcApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("VpcSpec"):
+		return &applyconfigurationnetworkingv1alpha1.VpcSpecApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("VpcStatus"):
+		return &applyconfigurationnetworkingv1alpha1.VpcStatusApplyConfiguration{}
 
 	}
 	return nil

@@ -28,90 +28,104 @@ import (
 	version "k8s.io/apimachinery/pkg/version"
 	common "k8s.io/kube-openapi/pkg/common"
 	spec "k8s.io/kube-openapi/pkg/validation/spec"
-	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	v1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 
 func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
 	return map[string]common.OpenAPIDefinition{
-		resource.Quantity{}.OpenAPIModelName():            schema_apimachinery_pkg_api_resource_Quantity(ref),
-		v1.APIGroup{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_APIGroup(ref),
-		v1.APIGroupList{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_APIGroupList(ref),
-		v1.APIResource{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_APIResource(ref),
-		v1.APIResourceList{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_APIResourceList(ref),
-		v1.APIVersions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_APIVersions(ref),
-		v1.ApplyOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_ApplyOptions(ref),
-		v1.Condition{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_Condition(ref),
-		v1.CreateOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_CreateOptions(ref),
-		v1.DeleteOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_DeleteOptions(ref),
-		v1.Duration{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_Duration(ref),
-		v1.FieldSelectorRequirement{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
-		v1.FieldsV1{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_FieldsV1(ref),
-		v1.GetOptions{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_GetOptions(ref),
-		v1.GroupKind{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_GroupKind(ref),
-		v1.GroupResource{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_GroupResource(ref),
-		v1.GroupVersion{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_GroupVersion(ref),
-		v1.GroupVersionForDiscovery{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
-		v1.GroupVersionKind{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_GroupVersionKind(ref),
-		v1.GroupVersionResource{}.OpenAPIModelName():      schema_pkg_apis_meta_v1_GroupVersionResource(ref),
-		v1.InternalEvent{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_InternalEvent(ref),
-		v1.LabelSelector{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_LabelSelector(ref),
-		v1.LabelSelectorRequirement{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
-		v1.List{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_List(ref),
-		v1.ListMeta{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_ListMeta(ref),
-		v1.ListOptions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_ListOptions(ref),
-		v1.ManagedFieldsEntry{}.OpenAPIModelName():        schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
-		v1.MicroTime{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_MicroTime(ref),
-		v1.ObjectMeta{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_ObjectMeta(ref),
-		v1.OwnerReference{}.OpenAPIModelName():            schema_pkg_apis_meta_v1_OwnerReference(ref),
-		v1.PartialObjectMetadata{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
-		v1.PartialObjectMetadataList{}.OpenAPIModelName(): schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
-		v1.Patch{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Patch(ref),
-		v1.PatchOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_PatchOptions(ref),
-		v1.Preconditions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_Preconditions(ref),
-		v1.RootPaths{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_RootPaths(ref),
-		v1.ServerAddressByClientCIDR{}.OpenAPIModelName(): schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
-		v1.Status{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_Status(ref),
-		v1.StatusCause{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_StatusCause(ref),
-		v1.StatusDetails{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_StatusDetails(ref),
-		v1.Table{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Table(ref),
-		v1.TableColumnDefinition{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
-		v1.TableOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_TableOptions(ref),
-		v1.TableRow{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TableRow(ref),
-		v1.TableRowCondition{}.OpenAPIModelName():         schema_pkg_apis_meta_v1_TableRowCondition(ref),
-		v1.Time{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_Time(ref),
-		v1.Timestamp{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_Timestamp(ref),
-		v1.TypeMeta{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TypeMeta(ref),
-		v1.UpdateOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_UpdateOptions(ref),
-		v1.WatchEvent{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_WatchEvent(ref),
-		runtime.RawExtension{}.OpenAPIModelName():         schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
-		runtime.TypeMeta{}.OpenAPIModelName():             schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
-		runtime.Unknown{}.OpenAPIModelName():              schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
-		version.Info{}.OpenAPIModelName():                 schema_k8sio_apimachinery_pkg_version_Info(ref),
-		v1alpha1.Bouncer{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_Bouncer(ref),
-		v1alpha1.BouncerList{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_BouncerList(ref),
-		v1alpha1.BouncerSpec{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_BouncerSpec(ref),
-		v1alpha1.BouncerStatus{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_BouncerStatus(ref),
-		v1alpha1.Divider{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_Divider(ref),
-		v1alpha1.DividerList{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_DividerList(ref),
-		v1alpha1.DividerSpec{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_DividerSpec(ref),
-		v1alpha1.DividerStatus{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_DividerStatus(ref),
-		v1alpha1.Droplet{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_Droplet(ref),
-		v1alpha1.DropletList{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_DropletList(ref),
-		v1alpha1.DropletSpec{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_DropletSpec(ref),
-		v1alpha1.DropletStatus{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_DropletStatus(ref),
-		v1alpha1.Endpoint{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_Endpoint(ref),
-		v1alpha1.EndpointList{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_EndpointList(ref),
-		v1alpha1.EndpointSpec{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_EndpointSpec(ref),
-		v1alpha1.EndpointStatus{}.OpenAPIModelName():      schema_pkg_apis_networking_v1alpha1_EndpointStatus(ref),
-		v1alpha1.ProvisioningStatus{}.OpenAPIModelName():  schema_pkg_apis_networking_v1alpha1_ProvisioningStatus(ref),
-		v1alpha1.Subnet{}.OpenAPIModelName():              schema_pkg_apis_networking_v1alpha1_Subnet(ref),
-		v1alpha1.SubnetList{}.OpenAPIModelName():          schema_pkg_apis_networking_v1alpha1_SubnetList(ref),
-		v1alpha1.SubnetSpec{}.OpenAPIModelName():          schema_pkg_apis_networking_v1alpha1_SubnetSpec(ref),
-		v1alpha1.SubnetStatus{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_SubnetStatus(ref),
-		v1alpha1.Vpc{}.OpenAPIModelName():                 schema_pkg_apis_networking_v1alpha1_Vpc(ref),
-		v1alpha1.VpcList{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_VpcList(ref),
-		v1alpha1.VpcSpec{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_VpcSpec(ref),
-		v1alpha1.VpcStatus{}.OpenAPIModelName():           schema_pkg_apis_networking_v1alpha1_VpcStatus(ref),
+		resource.Quantity{}.OpenAPIModelName():                     schema_apimachinery_pkg_api_resource_Quantity(ref),
+		v1.APIGroup{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_APIGroup(ref),
+		v1.APIGroupList{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_APIGroupList(ref),
+		v1.APIResource{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_APIResource(ref),
+		v1.APIResourceList{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_APIResourceList(ref),
+		v1.APIVersions{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_APIVersions(ref),
+		v1.ApplyOptions{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_ApplyOptions(ref),
+		v1.Condition{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_Condition(ref),
+		v1.CreateOptions{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_CreateOptions(ref),
+		v1.DeleteOptions{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_DeleteOptions(ref),
+		v1.Duration{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_Duration(ref),
+		v1.FieldSelectorRequirement{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
+		v1.FieldsV1{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_FieldsV1(ref),
+		v1.GetOptions{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_GetOptions(ref),
+		v1.GroupKind{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_GroupKind(ref),
+		v1.GroupResource{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_GroupResource(ref),
+		v1.GroupVersion{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_GroupVersion(ref),
+		v1.GroupVersionForDiscovery{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
+		v1.GroupVersionKind{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_GroupVersionKind(ref),
+		v1.GroupVersionResource{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_GroupVersionResource(ref),
+		v1.InternalEvent{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_InternalEvent(ref),
+		v1.LabelSelector{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_LabelSelector(ref),
+		v1.LabelSelectorRequirement{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
+		v1.List{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_List(ref),
+		v1.ListMeta{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_ListMeta(ref),
+		v1.ListOptions{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_ListOptions(ref),
+		v1.ManagedFieldsEntry{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
+		v1.MicroTime{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_MicroTime(ref),
+		v1.ObjectMeta{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_ObjectMeta(ref),
+		v1.OwnerReference{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_OwnerReference(ref),
+		v1.PartialObjectMetadata{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
+		v1.PartialObjectMetadataList{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
+		v1.Patch{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_Patch(ref),
+		v1.PatchOptions{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_PatchOptions(ref),
+		v1.Preconditions{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_Preconditions(ref),
+		v1.RootPaths{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_RootPaths(ref),
+		v1.ServerAddressByClientCIDR{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
+		v1.Status{}.OpenAPIModelName():                             schema_pkg_apis_meta_v1_Status(ref),
+		v1.StatusCause{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_StatusCause(ref),
+		v1.StatusDetails{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_StatusDetails(ref),
+		v1.Table{}.OpenAPIModelName():                              schema_pkg_apis_meta_v1_Table(ref),
+		v1.TableColumnDefinition{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
+		v1.TableOptions{}.OpenAPIModelName():                       schema_pkg_apis_meta_v1_TableOptions(ref),
+		v1.TableRow{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_TableRow(ref),
+		v1.TableRowCondition{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TableRowCondition(ref),
+		v1.Time{}.OpenAPIModelName():                               schema_pkg_apis_meta_v1_Time(ref),
+		v1.Timestamp{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_Timestamp(ref),
+		v1.TypeMeta{}.OpenAPIModelName():                           schema_pkg_apis_meta_v1_TypeMeta(ref),
+		v1.UpdateOptions{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_UpdateOptions(ref),
+		v1.WatchEvent{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_WatchEvent(ref),
+		runtime.RawExtension{}.OpenAPIModelName():                  schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
+		runtime.TypeMeta{}.OpenAPIModelName():                      schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
+		runtime.Unknown{}.OpenAPIModelName():                       schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
+		version.Info{}.OpenAPIModelName():                          schema_k8sio_apimachinery_pkg_version_Info(ref),
+		v1alpha1.ServiceBinding{}.OpenAPIModelName():               schema_pkg_apis_broker_v1alpha1_ServiceBinding(ref),
+		v1alpha1.ServiceBindingList{}.OpenAPIModelName():           schema_pkg_apis_broker_v1alpha1_ServiceBindingList(ref),
+		v1alpha1.ServiceBindingSpec{}.OpenAPIModelName():           schema_pkg_apis_broker_v1alpha1_ServiceBindingSpec(ref),
+		v1alpha1.ServiceBindingStatus{}.OpenAPIModelName():         schema_pkg_apis_broker_v1alpha1_ServiceBindingStatus(ref),
+		v1alpha1.ServiceClass{}.OpenAPIModelName():                 schema_pkg_apis_broker_v1alpha1_ServiceClass(ref),
+		v1alpha1.ServiceClassList{}.OpenAPIModelName():             schema_pkg_apis_broker_v1alpha1_ServiceClassList(ref),
+		v1alpha1.ServiceClassSpec{}.OpenAPIModelName():             schema_pkg_apis_broker_v1alpha1_ServiceClassSpec(ref),
+		v1alpha1.ServiceInstance{}.OpenAPIModelName():              schema_pkg_apis_broker_v1alpha1_ServiceInstance(ref),
+		v1alpha1.ServiceInstanceList{}.OpenAPIModelName():          schema_pkg_apis_broker_v1alpha1_ServiceInstanceList(ref),
+		v1alpha1.ServiceInstanceSpec{}.OpenAPIModelName():          schema_pkg_apis_broker_v1alpha1_ServiceInstanceSpec(ref),
+		v1alpha1.ServiceInstanceStatus{}.OpenAPIModelName():        schema_pkg_apis_broker_v1alpha1_ServiceInstanceStatus(ref),
+		v1alpha1.ServicePlan{}.OpenAPIModelName():                  schema_pkg_apis_broker_v1alpha1_ServicePlan(ref),
+		v1alpha1.Step{}.OpenAPIModelName():                         schema_pkg_apis_broker_v1alpha1_Step(ref),
+		networkingv1alpha1.Bouncer{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_Bouncer(ref),
+		networkingv1alpha1.BouncerList{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_BouncerList(ref),
+		networkingv1alpha1.BouncerSpec{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_BouncerSpec(ref),
+		networkingv1alpha1.BouncerStatus{}.OpenAPIModelName():      schema_pkg_apis_networking_v1alpha1_BouncerStatus(ref),
+		networkingv1alpha1.Divider{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_Divider(ref),
+		networkingv1alpha1.DividerList{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_DividerList(ref),
+		networkingv1alpha1.DividerSpec{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_DividerSpec(ref),
+		networkingv1alpha1.DividerStatus{}.OpenAPIModelName():      schema_pkg_apis_networking_v1alpha1_DividerStatus(ref),
+		networkingv1alpha1.Droplet{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_Droplet(ref),
+		networkingv1alpha1.DropletList{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_DropletList(ref),
+		networkingv1alpha1.DropletSpec{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_DropletSpec(ref),
+		networkingv1alpha1.DropletStatus{}.OpenAPIModelName():      schema_pkg_apis_networking_v1alpha1_DropletStatus(ref),
+		networkingv1alpha1.Endpoint{}.OpenAPIModelName():           schema_pkg_apis_networking_v1alpha1_Endpoint(ref),
+		networkingv1alpha1.EndpointList{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_EndpointList(ref),
+		networkingv1alpha1.EndpointSpec{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_EndpointSpec(ref),
+		networkingv1alpha1.EndpointStatus{}.OpenAPIModelName():     schema_pkg_apis_networking_v1alpha1_EndpointStatus(ref),
+		networkingv1alpha1.ProvisioningStatus{}.OpenAPIModelName(): schema_pkg_apis_networking_v1alpha1_ProvisioningStatus(ref),
+		networkingv1alpha1.Subnet{}.OpenAPIModelName():             schema_pkg_apis_networking_v1alpha1_Subnet(ref),
+		networkingv1alpha1.SubnetList{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_SubnetList(ref),
+		networkingv1alpha1.SubnetSpec{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_SubnetSpec(ref),
+		networkingv1alpha1.SubnetStatus{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_SubnetStatus(ref),
+		networkingv1alpha1.Vpc{}.OpenAPIModelName():                schema_pkg_apis_networking_v1alpha1_Vpc(ref),
+		networkingv1alpha1.VpcList{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_VpcList(ref),
+		networkingv1alpha1.VpcSpec{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_VpcSpec(ref),
+		networkingv1alpha1.VpcStatus{}.OpenAPIModelName():          schema_pkg_apis_networking_v1alpha1_VpcStatus(ref),
 	}
 }
 
@@ -2781,6 +2795,717 @@ func schema_k8sio_apimachinery_pkg_version_Info(ref common.ReferenceCallback) co
 	}
 }
 
+func schema_pkg_apis_broker_v1alpha1_ServiceBinding(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceBinding asks for credentials of a ServiceInstance; they are delivered as a Secret holding host, port, user and password.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceBindingSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceBindingStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.ServiceBindingSpec{}.OpenAPIModelName(), v1alpha1.ServiceBindingStatus{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceBindingList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceBindingList is a list of service bindings.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1alpha1.ServiceBinding{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.ServiceBinding{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceBindingSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceBindingSpec names the instance to bind.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"instance": {
+						SchemaProps: spec.SchemaProps{
+							Description: "instance is the name of a ServiceInstance in the binding's namespace. Immutable.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"instance"},
+			},
+		},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceBindingStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceBindingStatus says where the credentials are.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"phase": {
+						SchemaProps: spec.SchemaProps{
+							Description: "phase is Pending, Provisioned (the Secret exists), Deprovisioning or Failed.\n\nPossible enum values:\n - `\"Deprovisioning\"` : deletion requested; what the saga made is being removed.\n - `\"Failed\"` : a permanent error or the deadline stopped the order and its compensation ran; conditions say which step failed and why.\n - `\"Pending\"` : stored, the fulfillment operator has not started it yet.\n - `\"Provisioned\"` : every workload replica is ready (or the binding's Secret exists).\n - `\"Provisioning\"` : the saga is running; status.steps shows how far it is.",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"Deprovisioning", "Failed", "Pending", "Provisioned", "Provisioning"},
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "observedGeneration is the metadata.generation the status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+					"conditions": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"type",
+								},
+								"x-kubernetes-list-type":       "map",
+								"x-kubernetes-patch-merge-key": "type",
+								"x-kubernetes-patch-strategy":  "merge",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "conditions are the latest observations of the binding.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1.Condition{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"secretName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "secretName names the Secret with keys host, port, username and password.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.Condition{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceClass(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceClass is one service of the broker's catalog (e.g. mysql) and the plans it is offered in. The Open Service Broker catalog is built from them.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceClassSpec{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.ServiceClassSpec{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceClassList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceClassList is a list of service classes.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1alpha1.ServiceClass{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.ServiceClass{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceClassSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceClassSpec describes a service and its plans.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "id is the service's Open Service Broker id: globally unique and stable forever.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "description is a short text for people choosing a service.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"bindable": {
+						SchemaProps: spec.SchemaProps{
+							Description: "bindable says whether ServiceBindings (credentials) may be made for instances.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"image": {
+						SchemaProps: spec.SchemaProps{
+							Description: "image is the container image the workload runs, e.g. mysql:8.4.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"plans": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "plans are the sizes the service is offered in; at least one.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1alpha1.ServicePlan{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"id", "description", "image", "plans"},
+			},
+		},
+		Dependencies: []string{
+			v1alpha1.ServicePlan{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceInstance(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceInstance is an order for a service of the catalog. The fulfillment operator runs it as a saga whose progress is in status.steps; it is Provisioned once every replica of its workload is ready.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceInstanceSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceInstanceStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.ServiceInstanceSpec{}.OpenAPIModelName(), v1alpha1.ServiceInstanceStatus{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceInstanceList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceInstanceList is a list of service instances.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1alpha1.ServiceInstance{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.ServiceInstance{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceInstanceSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceInstanceSpec is the order.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"class": {
+						SchemaProps: spec.SchemaProps{
+							Description: "class is the name of the ServiceClass ordered. Immutable.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"plan": {
+						SchemaProps: spec.SchemaProps{
+							Description: "plan is the name of one of the class's plans.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"parameters": {
+						SchemaProps: spec.SchemaProps{
+							Description: "parameters are checked against the plan's parametersSchema.",
+							Ref:         ref(runtime.RawExtension{}.OpenAPIModelName()),
+						},
+					},
+					"subnet": {
+						SchemaProps: spec.SchemaProps{
+							Description: "subnet, when set, is the networking.mizar.dev Subnet the workload's pods are launched into; provisioning waits until it is Provisioned. Immutable.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"deadline": {
+						SchemaProps: spec.SchemaProps{
+							Description: "deadline bounds provisioning, counted from the order's creation; past it the order fails and what was made is removed. Defaults to the plan's maxProvisioningDuration.",
+							Ref:         ref(v1.Duration{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"class", "plan"},
+			},
+		},
+		Dependencies: []string{
+			v1.Duration{}.OpenAPIModelName(), runtime.RawExtension{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceInstanceStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceInstanceStatus is how far the order is.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"phase": {
+						SchemaProps: spec.SchemaProps{
+							Description: "phase is Pending, Provisioning, Provisioned, Deprovisioning or Failed.\n\nPossible enum values:\n - `\"Deprovisioning\"` : deletion requested; what the saga made is being removed.\n - `\"Failed\"` : a permanent error or the deadline stopped the order and its compensation ran; conditions say which step failed and why.\n - `\"Pending\"` : stored, the fulfillment operator has not started it yet.\n - `\"Provisioned\"` : every workload replica is ready (or the binding's Secret exists).\n - `\"Provisioning\"` : the saga is running; status.steps shows how far it is.",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"Deprovisioning", "Failed", "Pending", "Provisioned", "Provisioning"},
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "observedGeneration is the metadata.generation the saga last acted on.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+					"conditions": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"type",
+								},
+								"x-kubernetes-list-type":       "map",
+								"x-kubernetes-patch-merge-key": "type",
+								"x-kubernetes-patch-strategy":  "merge",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "conditions are the latest observations of the order.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1.Condition{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"operation": {
+						SchemaProps: spec.SchemaProps{
+							Description: "operation is the id of the current asynchronous operation, as handed to Open Service Broker clients.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"steps": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "steps are the saga's steps in order, with their progress.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1alpha1.Step{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"connectionSecret": {
+						SchemaProps: spec.SchemaProps{
+							Description: "connectionSecret names the Secret (in the instance's namespace of the workload cluster) holding the generated credentials.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.Condition{}.OpenAPIModelName(), v1alpha1.Step{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServicePlan(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServicePlan is one size of a service.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "id is the plan's Open Service Broker id: globally unique and stable forever.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "name is unique within the class; ServiceInstances name their plan with it.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "description is a short text for people choosing a plan.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"replicas": {
+						SchemaProps: spec.SchemaProps{
+							Description: "replicas is how many workload pods an instance runs (1 to 9). Defaults to 1.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"storage": {
+						SchemaProps: spec.SchemaProps{
+							Description: "storage is the size of each replica's persistent volume claim.",
+							Ref:         ref(resource.Quantity{}.OpenAPIModelName()),
+						},
+					},
+					"cpu": {
+						SchemaProps: spec.SchemaProps{
+							Description: "cpu is each replica's CPU request and limit.",
+							Ref:         ref(resource.Quantity{}.OpenAPIModelName()),
+						},
+					},
+					"memory": {
+						SchemaProps: spec.SchemaProps{
+							Description: "memory is each replica's memory request and limit.",
+							Ref:         ref(resource.Quantity{}.OpenAPIModelName()),
+						},
+					},
+					"maxProvisioningDuration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "maxProvisioningDuration bounds how long an order of this plan may take before it fails and is compensated. Defaults to 30m.",
+							Ref:         ref(v1.Duration{}.OpenAPIModelName()),
+						},
+					},
+					"parametersSchema": {
+						SchemaProps: spec.SchemaProps{
+							Description: "parametersSchema is the JSON schema (draft 4 subset, as in OpenAPI v3) that an instance's spec.parameters must satisfy. Without one, an instance may not set parameters.",
+							Ref:         ref(runtime.RawExtension{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"id", "name", "description", "storage", "cpu", "memory"},
+			},
+		},
+		Dependencies: []string{
+			resource.Quantity{}.OpenAPIModelName(), v1.Duration{}.OpenAPIModelName(), runtime.RawExtension{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_Step(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "Step is one named step of an order's saga.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "name identifies the step, e.g. CreatingStatefulSet.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"state": {
+						SchemaProps: spec.SchemaProps{
+							Description: "state is Pending, Running, Done, Failed, Compensating or Compensated.\n\nPossible enum values:\n - `\"Compensated\"` : undone by compensation or deprovisioning.\n - `\"Compensating\"` : being undone, possibly retrying after errors.\n - `\"Done\"` : completed; a resumed saga skips it.\n - `\"Failed\"` : failed permanently (or hit the deadline).\n - `\"Pending\"` : not started.\n - `\"Running\"` : started, possibly retrying after transient errors.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"Compensated", "Compensating", "Done", "Failed", "Pending", "Running"},
+						},
+					},
+					"attempts": {
+						SchemaProps: spec.SchemaProps{
+							Description: "attempts counts the runs of the step that ended in an error; while the step is Compensating it counts failed undo attempts instead (they drive the backoff).",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"message": {
+						SchemaProps: spec.SchemaProps{
+							Description: "message is the step's latest progress or error, for people.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"startedAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "startedAt is when the step first ran.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"finishedAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "finishedAt is when the step reached Done, Failed or Compensated.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"name", "state"},
+			},
+		},
+		Dependencies: []string{
+			v1.Time{}.OpenAPIModelName()},
+	}
+}
+
 func schema_pkg_apis_networking_v1alpha1_Bouncer(ref common.ReferenceCallback) common.OpenAPIDefinition {
 	return common.OpenAPIDefinition{
 		Schema: spec.Schema{
@@ -2811,20 +3536,20 @@ func schema_pkg_apis_networking_v1alpha1_Bouncer(ref common.ReferenceCallback) c
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.BouncerSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.BouncerSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.BouncerStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.BouncerStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.BouncerSpec{}.OpenAPIModelName(), v1alpha1.BouncerStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.BouncerSpec{}.OpenAPIModelName(), networkingv1alpha1.BouncerStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -2862,7 +3587,7 @@ func schema_pkg_apis_networking_v1alpha1_BouncerList(ref common.ReferenceCallbac
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Bouncer{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Bouncer{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -2873,7 +3598,7 @@ func schema_pkg_apis_networking_v1alpha1_BouncerList(ref common.ReferenceCallbac
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Bouncer{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Bouncer{}.OpenAPIModelName()},
 	}
 }
 
@@ -2990,20 +3715,20 @@ func schema_pkg_apis_networking_v1alpha1_Divider(ref common.ReferenceCallback) c
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.DividerSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.DividerSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.DividerStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.DividerStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.DividerSpec{}.OpenAPIModelName(), v1alpha1.DividerStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.DividerSpec{}.OpenAPIModelName(), networkingv1alpha1.DividerStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3041,7 +3766,7 @@ func schema_pkg_apis_networking_v1alpha1_DividerList(ref common.ReferenceCallbac
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Divider{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Divider{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -3052,7 +3777,7 @@ func schema_pkg_apis_networking_v1alpha1_DividerList(ref common.ReferenceCallbac
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Divider{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Divider{}.OpenAPIModelName()},
 	}
 }
 
@@ -3169,20 +3894,20 @@ func schema_pkg_apis_networking_v1alpha1_Droplet(ref common.ReferenceCallback) c
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.DropletSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.DropletSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.DropletStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.DropletStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.DropletSpec{}.OpenAPIModelName(), v1alpha1.DropletStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.DropletSpec{}.OpenAPIModelName(), networkingv1alpha1.DropletStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3220,7 +3945,7 @@ func schema_pkg_apis_networking_v1alpha1_DropletList(ref common.ReferenceCallbac
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Droplet{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Droplet{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -3231,7 +3956,7 @@ func schema_pkg_apis_networking_v1alpha1_DropletList(ref common.ReferenceCallbac
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Droplet{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Droplet{}.OpenAPIModelName()},
 	}
 }
 
@@ -3365,20 +4090,20 @@ func schema_pkg_apis_networking_v1alpha1_Endpoint(ref common.ReferenceCallback) 
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.EndpointSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.EndpointSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.EndpointStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.EndpointStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.EndpointSpec{}.OpenAPIModelName(), v1alpha1.EndpointStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.EndpointSpec{}.OpenAPIModelName(), networkingv1alpha1.EndpointStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3416,7 +4141,7 @@ func schema_pkg_apis_networking_v1alpha1_EndpointList(ref common.ReferenceCallba
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Endpoint{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Endpoint{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -3427,7 +4152,7 @@ func schema_pkg_apis_networking_v1alpha1_EndpointList(ref common.ReferenceCallba
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Endpoint{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Endpoint{}.OpenAPIModelName()},
 	}
 }
 
@@ -3628,20 +4353,20 @@ func schema_pkg_apis_networking_v1alpha1_Subnet(ref common.ReferenceCallback) co
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.SubnetSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.SubnetSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.SubnetStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.SubnetStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.SubnetSpec{}.OpenAPIModelName(), v1alpha1.SubnetStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.SubnetSpec{}.OpenAPIModelName(), networkingv1alpha1.SubnetStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3679,7 +4404,7 @@ func schema_pkg_apis_networking_v1alpha1_SubnetList(ref common.ReferenceCallback
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Subnet{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Subnet{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -3690,7 +4415,7 @@ func schema_pkg_apis_networking_v1alpha1_SubnetList(ref common.ReferenceCallback
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Subnet{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Subnet{}.OpenAPIModelName()},
 	}
 }
 
@@ -3822,20 +4547,20 @@ func schema_pkg_apis_networking_v1alpha1_Vpc(ref common.ReferenceCallback) commo
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.VpcSpec{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.VpcSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref(v1alpha1.VpcStatus{}.OpenAPIModelName()),
+							Ref:     ref(networkingv1alpha1.VpcStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.VpcSpec{}.OpenAPIModelName(), v1alpha1.VpcStatus{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), networkingv1alpha1.VpcSpec{}.OpenAPIModelName(), networkingv1alpha1.VpcStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3873,7 +4598,7 @@ func schema_pkg_apis_networking_v1alpha1_VpcList(ref common.ReferenceCallback) c
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
 										Default: map[string]interface{}{},
-										Ref:     ref(v1alpha1.Vpc{}.OpenAPIModelName()),
+										Ref:     ref(networkingv1alpha1.Vpc{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -3884,7 +4609,7 @@ func schema_pkg_apis_networking_v1alpha1_VpcList(ref common.ReferenceCallback) c
 			},
 		},
 		Dependencies: []string{
-			v1.ListMeta{}.OpenAPIModelName(), v1alpha1.Vpc{}.OpenAPIModelName()},
+			v1.ListMeta{}.OpenAPIModelName(), networkingv1alpha1.Vpc{}.OpenAPIModelName()},
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	cache "k8s.io/client-go/tools/cache"
 	versioned "mizar.dev/pkg/generated/clientset/versioned"
+	broker "mizar.dev/pkg/generated/informers/externalversions/broker"
 	internalinterfaces "mizar.dev/pkg/generated/informers/externalversions/internalinterfaces"
 	networking "mizar.dev/pkg/generated/informers/externalversions/networking"
 )
@@ -255,7 +256,12 @@ type SharedInformerFactory interface {
 	// client.
 	InformerFor(obj runtime.Object, newFunc internalinterfaces.NewInformerFunc) cache.SharedIndexInformer
 
+	Broker() broker.Interface
 	Networking() networking.Interface
+}
+
+func (f *sharedInformerFactory) Broker() broker.Interface {
+	return broker.New(f, f.namespace, f.tweakListOptions)
 }
 
 func (f *sharedInformerFactory) Networking() networking.Interface {

@@ -23,7 +23,8 @@ import (
 
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	cache "k8s.io/client-go/tools/cache"
-	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	v1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 
 // GenericInformer is type of SharedIndexInformer which will locate and delegate to other
@@ -52,18 +53,26 @@ func (f *genericInformer) Lister() cache.GenericLister {
 // TODO extend this to unknown resources with a client pool
 func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource) (GenericInformer, error) {
 	switch resource {
-	// Group=networking.mizar.dev, Version=v1alpha1
-	case v1alpha1.SchemeGroupVersion.WithResource("bouncers"):
+	// Group=broker.mizar.dev, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithResource("servicebindings"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Broker().V1alpha1().ServiceBindings().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("serviceclasses"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Broker().V1alpha1().ServiceClasses().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("serviceinstances"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Broker().V1alpha1().ServiceInstances().Informer()}, nil
+
+		// Group=networking.mizar.dev, Version=v1alpha1
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("bouncers"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Bouncers().Informer()}, nil
-	case v1alpha1.SchemeGroupVersion.WithResource("dividers"):
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("dividers"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Dividers().Informer()}, nil
-	case v1alpha1.SchemeGroupVersion.WithResource("droplets"):
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("droplets"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Droplets().Informer()}, nil
-	case v1alpha1.SchemeGroupVersion.WithResource("endpoints"):
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("endpoints"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Endpoints().Informer()}, nil
-	case v1alpha1.SchemeGroupVersion.WithResource("subnets"):
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("subnets"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Subnets().Informer()}, nil
-	case v1alpha1.SchemeGroupVersion.WithResource("vpcs"):
+	case networkingv1alpha1.SchemeGroupVersion.WithResource("vpcs"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Networking().V1alpha1().Vpcs().Informer()}, nil
 
 	}

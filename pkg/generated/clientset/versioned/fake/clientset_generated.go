@@ -27,6 +27,8 @@ import (
 	"k8s.io/client-go/testing"
 	applyconfiguration "mizar.dev/pkg/generated/applyconfiguration"
 	clientset "mizar.dev/pkg/generated/clientset/versioned"
+	brokerv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/broker/v1alpha1"
+	fakebrokerv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/broker/v1alpha1/fake"
 	networkingv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1"
 	fakenetworkingv1alpha1 "mizar.dev/pkg/generated/clientset/versioned/typed/networking/v1alpha1/fake"
 )
@@ -135,6 +137,11 @@ var (
 	_ clientset.Interface = &Clientset{}
 	_ testing.FakeClient  = &Clientset{}
 )
+
+// BrokerV1alpha1 retrieves the BrokerV1alpha1Client
+func (c *Clientset) BrokerV1alpha1() brokerv1alpha1.BrokerV1alpha1Interface {
+	return &fakebrokerv1alpha1.FakeBrokerV1alpha1{Fake: &c.Fake}
+}
 
 // NetworkingV1alpha1 retrieves the NetworkingV1alpha1Client
 func (c *Clientset) NetworkingV1alpha1() networkingv1alpha1.NetworkingV1alpha1Interface {

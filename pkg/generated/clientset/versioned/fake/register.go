@@ -24,6 +24,7 @@ import (
 	schema "k8s.io/apimachinery/pkg/runtime/schema"
 	serializer "k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	brokerv1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	networkingv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
 
@@ -31,6 +32,7 @@ var scheme = runtime.NewScheme()
 var codecs = serializer.NewCodecFactory(scheme)
 
 var localSchemeBuilder = runtime.SchemeBuilder{
+	brokerv1alpha1.AddToScheme,
 	networkingv1alpha1.AddToScheme,
 }
 

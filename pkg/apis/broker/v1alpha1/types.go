@@ -1,0 +1,266 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Phase is where an order (or a binding) is in its lifecycle.
+// +enum
+type Phase string
+
+const (
+	// PhasePending: stored, the fulfillment operator has not started it yet.
+	PhasePending Phase = "Pending"
+	// PhaseProvisioning: the saga is running; status.steps shows how far it is.
+	PhaseProvisioning Phase = "Provisioning"
+	// PhaseProvisioned: every workload replica is ready (or the binding's Secret exists).
+	PhaseProvisioned Phase = "Provisioned"
+	// PhaseDeprovisioning: deletion requested; what the saga made is being removed.
+	PhaseDeprovisioning Phase = "Deprovisioning"
+	// PhaseFailed: a permanent error or the deadline stopped the order and its
+	// compensation ran; conditions say which step failed and why.
+	PhaseFailed Phase = "Failed"
+)
+
+// StepState is where one saga step is.
+// +enum
+type StepState string
+
+const (
+	// StepPending: not started.
+	StepPending StepState = "Pending"
+	// StepRunning: started, possibly retrying after transient errors.
+	StepRunning StepState = "Running"
+	// StepDone: completed; a resumed saga skips it.
+	StepDone StepState = "Done"
+	// StepFailed: failed permanently (or hit the deadline).
+	StepFailed StepState = "Failed"
+	// StepCompensating: being undone, possibly retrying after errors.
+	StepCompensating StepState = "Compensating"
+	// StepCompensated: undone by compensation or deprovisioning.
+	StepCompensated StepState = "Compensated"
+)
+
+// +genclient
+// +genclient:nonNamespaced
+// +genclient:noStatus
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceClass is one service of the broker's catalog (e.g. mysql) and the
+// plans it is offered in. The Open Service Broker catalog is built from them.
+type ServiceClass struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec ServiceClassSpec `json:"spec,omitempty"`
+}
+
+// ServiceClassSpec describes a service and its plans.
+type ServiceClassSpec struct {
+	// id is the service's Open Service Broker id: globally unique and stable forever.
+	ID string `json:"id"`
+	// description is a short text for people choosing a service.
+	Description string `json:"description"`
+	// bindable says whether ServiceBindings (credentials) may be made for instances.
+	// +optional
+	Bindable bool `json:"bindable,omitempty"`
+	// image is the container image the workload runs, e.g. mysql:8.4.
+	Image string `json:"image"`
+	// plans are the sizes the service is offered in; at least one.
+	// +listType=map
+	// +listMapKey=name
+	Plans []ServicePlan `json:"plans"`
+}
+
+// ServicePlan is one size of a service.
+type ServicePlan struct {
+	// id is the plan's Open Service Broker id: globally unique and stable forever.
+	ID string `json:"id"`
+	// name is unique within the class; ServiceInstances name their plan with it.
+	Name string `json:"name"`
+	// description is a short text for people choosing a plan.
+	Description string `json:"description"`
+	// replicas is how many workload pods an instance runs (1 to 9). Defaults to 1.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// storage is the size of each replica's persistent volume claim.
+	Storage resource.Quantity `json:"storage"`
+	// cpu is each replica's CPU request and limit.
+	CPU resource.Quantity `json:"cpu"`
+	// memory is each replica's memory request and limit.
+	Memory resource.Quantity `json:"memory"`
+	// maxProvisioningDuration bounds how long an order of this plan may take
+	// before it fails and is compensated. Defaults to 30m.
+	// +optional
+	MaxProvisioningDuration *metav1.Duration `json:"maxProvisioningDuration,omitempty"`
+	// parametersSchema is the JSON schema (draft 4 subset, as in OpenAPI v3) that an
+	// instance's spec.parameters must satisfy. Without one, an instance may not set parameters.
+	// +optional
+	ParametersSchema *runtime.RawExtension `json:"parametersSchema,omitempty"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceClassList is a list of service classes.
+type ServiceClassList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []ServiceClass `json:"items"`
+}
+
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceInstance is an order for a service of the catalog. The fulfillment
+// operator runs it as a saga whose progress is in status.steps; it is
+// Provisioned once every replica of its workload is ready.
+type ServiceInstance struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec ServiceInstanceSpec `json:"spec,omitempty"`
+	// +optional
+	Status ServiceInstanceStatus `json:"status,omitempty"`
+}
+
+// ServiceInstanceSpec is the order.
+type ServiceInstanceSpec struct {
+	// class is the name of the ServiceClass ordered. Immutable.
+	Class string `json:"class"`
+	// plan is the name of one of the class's plans.
+	Plan string `json:"plan"`
+	// parameters are checked against the plan's parametersSchema.
+	// +optional
+	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
+	// subnet, when set, is the networking.mizar.dev Subnet the workload's pods are
+	// launched into; provisioning waits until it is Provisioned. Immutable.
+	// +optional
+	Subnet string `json:"subnet,omitempty"`
+	// deadline bounds provisioning, counted from the order's creation; past it the
+	// order fails and what was made is removed. Defaults to the plan's maxProvisioningDuration.
+	// +optional
+	Deadline *metav1.Duration `json:"deadline,omitempty"`
+}
+
+// ServiceInstanceStatus is how far the order is.
+type ServiceInstanceStatus struct {
+	// phase is Pending, Provisioning, Provisioned, Deprovisioning or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// observedGeneration is the metadata.generation the saga last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions are the latest observations of the order.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchMergeKey=type
+	// +patchStrategy=merge
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+	// operation is the id of the current asynchronous operation, as handed to
+	// Open Service Broker clients.
+	// +optional
+	Operation string `json:"operation,omitempty"`
+	// steps are the saga's steps in order, with their progress.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Steps []Step `json:"steps,omitempty"`
+	// connectionSecret names the Secret (in the instance's namespace of the
+	// workload cluster) holding the generated credentials.
+	// +optional
+	ConnectionSecret string `json:"connectionSecret,omitempty"`
+}
+
+// Step is one named step of an order's saga.
+type Step struct {
+	// name identifies the step, e.g. CreatingStatefulSet.
+	Name string `json:"name"`
+	// state is Pending, Running, Done, Failed, Compensating or Compensated.
+	State StepState `json:"state"`
+	// attempts counts the runs of the step that ended in an error; while the step is
+	// Compensating it counts failed undo attempts instead (they drive the backoff).
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
+	// message is the step's latest progress or error, for people.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// startedAt is when the step first ran.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// finishedAt is when the step reached Done, Failed or Compensated.
+	// +optional
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceInstanceList is a list of service instances.
+type ServiceInstanceList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []ServiceInstance `json:"items"`
+}
+
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceBinding asks for credentials of a ServiceInstance; they are delivered
+// as a Secret holding host, port, user and password.
+type ServiceBinding struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec ServiceBindingSpec `json:"spec,omitempty"`
+	// +optional
+	Status ServiceBindingStatus `json:"status,omitempty"`
+}
+
+// ServiceBindingSpec names the instance to bind.
+type ServiceBindingSpec struct {
+	// instance is the name of a ServiceInstance in the binding's namespace. Immutable.
+	Instance string `json:"instance"`
+}
+
+// ServiceBindingStatus says where the credentials are.
+type ServiceBindingStatus struct {
+	// phase is Pending, Provisioned (the Secret exists), Deprovisioning or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// observedGeneration is the metadata.generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions are the latest observations of the binding.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchMergeKey=type
+	// +patchStrategy=merge
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+	// secretName names the Secret with keys host, port, username and password.
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+
+// ServiceBindingList is a list of service bindings.
+type ServiceBindingList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	Items []ServiceBinding `json:"items"`
+}

@@ -1,0 +1,183 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"mizar.dev/pkg/broker/fulfillment"
+	"mizar.dev/pkg/broker/osb"
+	"mizar.dev/pkg/generated/clientset/versioned"
+)
+
+// BrokerOptions are the --broker-* flags: the service broker's fulfillment
+// operator and the workload cluster it provisions into.
+type BrokerOptions struct {
+	// Fulfillment runs the operator that turns ServiceInstances into workloads.
+	Fulfillment bool
+	// WorkloadKubeconfig reaches the workload cluster; empty means in-cluster.
+	WorkloadKubeconfig string
+	// Workers is how many orders are advanced at once.
+	Workers int
+	// OSBAddress is where the Open Service Broker API listens (TLS); empty: off.
+	OSBAddress string
+	// OSBCredentialsFile holds "username:password" for the platform's Basic auth.
+	OSBCredentialsFile string
+	// OSBNamespace holds the orders and bindings placed through the OSB API.
+	OSBNamespace string
+	// OSBCertFile and OSBKeyFile serve the OSB API; empty: the apiserver's own.
+	OSBCertFile, OSBKeyFile string
+
+	osbCreds    osb.Credentials
+	osbListener net.Listener
+
+	workload *rest.Config
+}
+
+// AddFlags registers the broker flags.
+func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.Fulfillment, "broker-fulfillment", o.Fulfillment,
+		"Run the broker's fulfillment operator: ServiceInstances become a Secret, a headless Service and a StatefulSet in the workload cluster.")
+	fs.StringVar(&o.WorkloadKubeconfig, "broker-workload-kubeconfig", o.WorkloadKubeconfig,
+		"Kubeconfig of the workload cluster the broker provisions into. Empty: the in-cluster configuration.")
+	fs.IntVar(&o.Workers, "broker-workers", 4, "Orders the fulfillment operator advances concurrently.")
+	fs.StringVar(&o.OSBAddress, "broker-osb-address", o.OSBAddress,
+		"host:port where the Open Service Broker API v2 listens over TLS, e.g. 0.0.0.0:8444. Empty: not served.")
+	fs.StringVar(&o.OSBCredentialsFile, "broker-osb-credentials-file", o.OSBCredentialsFile,
+		"File holding username:password for the OSB API's Basic auth (e.g. a mounted Secret key). Required with --broker-osb-address; there is no default password.")
+	fs.StringVar(&o.OSBNamespace, "broker-osb-namespace", "mizar-broker",
+		"Namespace of the ServiceInstances and ServiceBindings placed through the OSB API.")
+	fs.StringVar(&o.OSBCertFile, "broker-osb-tls-cert-file", o.OSBCertFile, "Serving certificate of the OSB API. Empty: the apiserver's.")
+	fs.StringVar(&o.OSBKeyFile, "broker-osb-tls-private-key-file", o.OSBKeyFile, "Private key of --broker-osb-tls-cert-file.")
+}
+
+// Complete checks the flags, loads the workload cluster's configuration and
+// the OSB credentials, and opens the OSB listener, so a mistake is reported
+// before anything starts. Close releases what it opened.
+func (o *BrokerOptions) Complete() error {
+	if o.Workers < 1 {
+		return fmt.Errorf("--broker-workers must be at least 1, got %d", o.Workers)
+	}
+	if o.OSBAddress != "" {
+		if o.OSBCredentialsFile == "" {
+			return errors.New("--broker-osb-address needs --broker-osb-credentials-file: the OSB API has no default password")
+		}
+		c, err := osb.LoadCredentials(o.OSBCredentialsFile)
+		if err != nil {
+			return fmt.Errorf("--broker-osb-credentials-file: %w", err)
+		}
+		o.osbCreds = c
+		if (o.OSBCertFile == "") != (o.OSBKeyFile == "") {
+			return errors.New("--broker-osb-tls-cert-file and --broker-osb-tls-private-key-file go together")
+		}
+		// Listening now reports a taken port before anything starts.
+		l, err := net.Listen("tcp", o.OSBAddress)
+		if err != nil {
+			return fmt.Errorf("--broker-osb-address %s: %w", o.OSBAddress, err)
+		}
+		o.osbListener = l
+	}
+	if !o.Fulfillment && o.OSBAddress == "" {
+		return nil
+	}
+	cfg, err := o.workloadConfig()
+	if err != nil {
+		return err
+	}
+	o.workload = cfg
+	return nil
+}
+
+// Close releases the OSB listener if the server never took it over.
+func (o *BrokerOptions) Close() {
+	if o.osbListener != nil {
+		_ = o.osbListener.Close()
+	}
+}
+
+func (o *BrokerOptions) workloadConfig() (*rest.Config, error) {
+	if o.WorkloadKubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", o.WorkloadKubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--broker-workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("the broker (--broker-fulfillment or --broker-osb-address) without --broker-workload-kubeconfig needs the in-cluster configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// startFulfillment runs the operator against this server (through its loopback
+// client) until ctx ends.
+func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config) error {
+	workload, err := kubernetes.NewForConfig(o.workload)
+	if err != nil {
+		return fmt.Errorf("workload cluster client: %w", err)
+	}
+	mizar, err := versioned.NewForConfig(loopback)
+	if err != nil {
+		return fmt.Errorf("loopback client: %w", err)
+	}
+	c, err := fulfillment.New(mizar, workload)
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := c.Run(ctx, o.Workers); err != nil {
+			klog.ErrorS(err, "Fulfillment operator stopped")
+		}
+	}()
+	return nil
+}
+
+// startOSB serves the Open Service Broker API until ctx ends. certFile/keyFile
+// are the apiserver's serving pair, used unless the OSB API has its own.
+func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, certFile, keyFile string) error {
+	if o.OSBCertFile != "" {
+		certFile, keyFile = o.OSBCertFile, o.OSBKeyFile
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		_ = o.osbListener.Close()
+		return fmt.Errorf("OSB API serving certificate: %w", err)
+	}
+	workload, err := kubernetes.NewForConfig(o.workload)
+	if err != nil {
+		return fmt.Errorf("workload cluster client: %w", err)
+	}
+	mizar, err := versioned.NewForConfig(loopback)
+	if err != nil {
+		return fmt.Errorf("loopback client: %w", err)
+	}
+	l := o.osbListener
+	srv := &http.Server{
+		Handler:           osb.New(mizar, workload, o.OSBNamespace).Handler(o.osbCreds, slog.Default()),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.ServeTLS(l, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			klog.ErrorS(err, "OSB API stopped")
+		}
+	}()
+	klog.InfoS("Serving the Open Service Broker API", "address", l.Addr().String())
+	return nil
+}

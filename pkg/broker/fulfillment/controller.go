@@ -1,0 +1,187 @@
+// Package fulfillment is the broker's fulfillment operator: it turns each
+// ServiceInstance (an order) into a Secret, a headless Service and a StatefulSet
+// in the workload cluster, as a saga whose progress lives in the order's status.
+// It is woken by watches only: on the order, on the Subnet an order waits for,
+// and on the StatefulSets it made; timers exist only for backoff and deadlines.
+package fulfillment
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	kubeinformers "k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	networkingv1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/broker/saga"
+	"mizar.dev/pkg/generated/clientset/versioned"
+	brokerclient "mizar.dev/pkg/generated/clientset/versioned/typed/broker/v1alpha1"
+	"mizar.dev/pkg/generated/informers/externalversions"
+	brokerlisters "mizar.dev/pkg/generated/listers/broker/v1alpha1"
+	networkinglisters "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+)
+
+// subnetIndex finds the orders waiting for a subnet.
+const subnetIndex = "spec.subnet"
+
+// Controller is the fulfillment operator.
+type Controller struct {
+	// Backoff for transient errors; zero uses saga.DefaultBackoff.
+	Backoff saga.Backoff
+
+	orders    brokerclient.BrokerV1alpha1Interface
+	workload  kubernetes.Interface
+	instances brokerlisters.ServiceInstanceLister
+	classes   brokerlisters.ServiceClassLister
+	subnets   networkinglisters.SubnetLister
+	byIndex   cache.Indexer
+	queue     workqueue.TypedRateLimitingInterface[cache.ObjectName]
+	synced    []cache.InformerSynced
+	now       func() time.Time
+	start     func(<-chan struct{})
+}
+
+// New wires the operator to mizar (orders, classes, subnets) and to the
+// workload cluster (the StatefulSets it makes).
+func New(mizar versioned.Interface, workload kubernetes.Interface) (*Controller, error) {
+	mf := externalversions.NewSharedInformerFactory(mizar, 0)
+	kf := kubeinformers.NewSharedInformerFactoryWithOptions(workload, 0,
+		kubeinformers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + managedBy }))
+	instInf := mf.Broker().V1alpha1().ServiceInstances()
+	subnetInf := mf.Networking().V1alpha1().Subnets()
+	classInf := mf.Broker().V1alpha1().ServiceClasses()
+	stsInf := kf.Apps().V1().StatefulSets()
+
+	c := &Controller{
+		orders:    mizar.BrokerV1alpha1(),
+		workload:  workload,
+		instances: instInf.Lister(),
+		classes:   classInf.Lister(),
+		subnets:   subnetInf.Lister(),
+		byIndex:   instInf.Informer().GetIndexer(),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
+			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "fulfillment"}),
+		now: time.Now,
+	}
+	if err := instInf.Informer().AddIndexers(cache.Indexers{subnetIndex: func(obj any) ([]string, error) {
+		if in, ok := obj.(*brokerv1.ServiceInstance); ok && in.Spec.Subnet != "" {
+			return []string{in.Spec.Subnet}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("indexing orders by subnet: %w", err)
+	}
+	enqueue := func(obj any) {
+		if key, err := cache.ObjectToName(obj); err == nil {
+			c.queue.Add(key)
+		}
+	}
+	handlers := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{instInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }}},
+		{subnetInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.subnetChanged,
+			UpdateFunc: func(_, o any) { c.subnetChanged(o) },
+		}},
+		// A class may arrive after an order that names it.
+		{classInf.Informer(), cache.ResourceEventHandlerFuncs{}},
+		{stsInf.Informer(), cache.ResourceEventHandlerFuncs{
+			UpdateFunc: func(_, o any) { c.statefulSetChanged(o) },
+			DeleteFunc: c.statefulSetChanged,
+		}},
+	}
+	for _, h := range handlers {
+		if _, err := h.inf.AddEventHandler(h.h); err != nil {
+			return nil, fmt.Errorf("watching: %w", err)
+		}
+		c.synced = append(c.synced, h.inf.HasSynced)
+	}
+	c.start = func(stop <-chan struct{}) {
+		mf.Start(stop)
+		kf.Start(stop)
+	}
+	return c, nil
+}
+
+func (c *Controller) subnetChanged(obj any) {
+	s, ok := obj.(*networkingv1.Subnet)
+	if !ok {
+		return
+	}
+	orders, err := c.byIndex.ByIndex(subnetIndex, s.Name)
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	for _, o := range orders {
+		if key, err := cache.ObjectToName(o); err == nil {
+			c.queue.Add(key)
+		}
+	}
+}
+
+func (c *Controller) statefulSetChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	sts, ok := obj.(*appsv1.StatefulSet)
+	if !ok {
+		return
+	}
+	if name := sts.Labels[LabelInstance]; name != "" {
+		c.queue.Add(cache.ObjectName{Namespace: sts.Namespace, Name: name})
+	}
+}
+
+// Run serves until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	c.start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		// Stopped while starting is a stop like any other.
+		return nil
+	}
+	klog.InfoS("Fulfillment operator started", "workers", workers)
+	for i := 0; i < workers; i++ {
+		go wait.UntilWithContext(ctx, c.worker, time.Second)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) worker(ctx context.Context) {
+	for c.next(ctx) {
+	}
+}
+
+func (c *Controller) next(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	after, err := c.reconcile(ctx, key.Namespace, key.Name)
+	if err != nil {
+		// Conflicts and lost writes: the rate limiter spaces the retries.
+		utilruntime.HandleError(fmt.Errorf("order %s: %w", key, err))
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	if after > 0 {
+		c.queue.AddAfter(key, after)
+	}
+	return true
+}

@@ -1,0 +1,414 @@
+// Package osb is the broker's Open Service Broker API v2 facade, built on
+// code.cloudfoundry.org/brokerapi. It keeps no state of its own: a provision is
+// a ServiceInstance, a bind a ServiceBinding, and last_operation reads the
+// order's status, so kubectl and an OSB platform see one truth.
+package osb
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"code.cloudfoundry.org/brokerapi/v13"
+	"code.cloudfoundry.org/brokerapi/v13/domain"
+	"code.cloudfoundry.org/brokerapi/v13/domain/apiresponses"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+
+	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/broker/fulfillment"
+	"mizar.dev/pkg/generated/clientset/versioned"
+)
+
+const (
+	// MinMinorVersion and MaxMinorVersion bound the X-Broker-API-Version 2.x accepted.
+	MinMinorVersion = 13
+	MaxMinorVersion = 17
+	// RetryAfter is what last_operation suggests between polls.
+	RetryAfter = 5 * time.Second
+	// LabelOSB marks the orders and bindings placed through this facade.
+	LabelOSB = "broker.mizar.dev/osb"
+)
+
+// Broker serves the Open Service Broker API from mizar's objects.
+type Broker struct {
+	mizar    versioned.Interface
+	workload kubernetes.Interface
+	// namespace holds every order placed through the facade: OSB ids carry no namespace.
+	namespace string
+}
+
+var _ domain.ServiceBroker = &Broker{}
+
+// New returns the broker. Orders go to namespace, credentials are read from
+// the workload cluster.
+func New(mizar versioned.Interface, workload kubernetes.Interface, namespace string) *Broker {
+	return &Broker{mizar: mizar, workload: workload, namespace: namespace}
+}
+
+// Handler is the HTTP API: Basic auth, then the version check, then the routes.
+func (b *Broker) Handler(creds Credentials, logger *slog.Logger) http.Handler {
+	h := brokerapi.NewWithOptions(b, logger,
+		brokerapi.WithCustomAuth(creds.middleware),
+		brokerapi.WithCustomAuth(checkVersion),
+		brokerapi.WithAdditionalMiddleware(retryAfter),
+	)
+	return h
+}
+
+// checkVersion answers 412 to a request without a 2.13..2.17 version header.
+// The library accepts any 2.x; the spec's rules here are 2.13's onwards.
+func checkVersion(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := r.Header.Get("X-Broker-API-Version")
+		var major, minor int
+		if n, err := fmt.Sscanf(v, "%d.%d", &major, &minor); err != nil || n != 2 || major != 2 || minor < MinMinorVersion || minor > MaxMinorVersion {
+			writeError(w, http.StatusPreconditionFailed, "", fmt.Sprintf("X-Broker-API-Version %q is not supported; this broker speaks 2.%d to 2.%d", v, MinMinorVersion, MaxMinorVersion))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// retryAfter suggests a polling interval on last_operation answers.
+func retryAfter(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/last_operation") {
+			w.Header().Set("Retry-After", fmt.Sprint(int(RetryAfter.Seconds())))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeError(w http.ResponseWriter, code int, key, description string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": key, "description": description})
+}
+
+func failure(err error, code int, key string) error {
+	return apiresponses.NewFailureResponseBuilder(err, code, key).WithErrorKey(key).Build()
+}
+
+var (
+	errNotFound  = failure(errors.New("no such service instance"), http.StatusNotFound, "NotFound")
+	errNotReady  = failure(errors.New("the service instance is not provisioned yet; poll last_operation until it succeeds"), http.StatusUnprocessableEntity, "ConcurrencyError")
+	errBadParams = func(err error) error { return failure(err, http.StatusBadRequest, "ValidationFailed") }
+)
+
+// Services is the catalog, read from the ServiceClasses.
+func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
+	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing service classes: %w", err)
+	}
+	out := make([]domain.Service, 0, len(classes.Items))
+	for _, c := range classes.Items {
+		s := domain.Service{
+			ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
+			PlanUpdatable: false, Tags: []string{c.Name},
+		}
+		for _, p := range c.Spec.Plans {
+			plan := domain.ServicePlan{ID: p.ID, Name: p.Name, Description: p.Description, Free: domain.FreeValue(true)}
+			if p.MaxProvisioningDuration != nil {
+				secs := int(p.MaxProvisioningDuration.Seconds())
+				plan.MaximumPollingDuration = &secs
+			}
+			if p.ParametersSchema != nil {
+				var schema map[string]any
+				if err := json.Unmarshal(p.ParametersSchema.Raw, &schema); err == nil {
+					plan.Schemas = &domain.ServiceSchemas{Instance: domain.ServiceInstanceSchema{Create: domain.Schema{Parameters: schema}}}
+				}
+			}
+			s.Plans = append(s.Plans, plan)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// classFor finds the class and plan names of OSB service and plan ids.
+func (b *Broker) classFor(ctx context.Context, serviceID, planID string) (string, string, error) {
+	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{FieldSelector: "spec.id=" + serviceID})
+	if err != nil {
+		return "", "", fmt.Errorf("looking up service %s: %w", serviceID, err)
+	}
+	for _, c := range classes.Items {
+		for _, p := range c.Spec.Plans {
+			if p.ID == planID {
+				return c.Name, p.Name, nil
+			}
+		}
+	}
+	return "", "", errBadParams(fmt.Errorf("service %s has no plan %s", serviceID, planID))
+}
+
+// checkID makes sure an OSB id can name a Kubernetes object.
+func checkID(kind, id string) error {
+	if msgs := utilvalidation.IsDNS1123Label(id); len(msgs) > 0 || len(id) > 52 {
+		return errBadParams(fmt.Errorf("%s id %q must be a lower-case RFC 1123 label of at most 52 characters (a GUID is): %s", kind, id, strings.Join(msgs, "; ")))
+	}
+	return nil
+}
+
+func (b *Broker) instances() interface {
+	Get(context.Context, string, metav1.GetOptions) (*brokerv1.ServiceInstance, error)
+} {
+	return b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace)
+}
+
+// Provision places an order, or answers for the one already placed under this id.
+func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDetails, async bool) (domain.ProvisionedServiceSpec, error) {
+	if !async {
+		return domain.ProvisionedServiceSpec{}, apiresponses.ErrAsyncRequired
+	}
+	if err := checkID("instance", id); err != nil {
+		return domain.ProvisionedServiceSpec{}, err
+	}
+	class, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
+	if err != nil {
+		return domain.ProvisionedServiceSpec{}, err
+	}
+	want := brokerv1.ServiceInstanceSpec{Class: class, Plan: plan}
+	if len(d.RawParameters) > 0 && string(d.RawParameters) != "null" {
+		want.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
+	}
+	in := &brokerv1.ServiceInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
+		Spec:       want,
+	}
+	created, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Create(ctx, in, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		return domain.ProvisionedServiceSpec{IsAsync: true, OperationData: created.Status.Operation}, nil
+	case apierrors.IsInvalid(err):
+		return domain.ProvisionedServiceSpec{}, errBadParams(fmt.Errorf("invalid order: %s", invalidCauses(err)))
+	case !apierrors.IsAlreadyExists(err):
+		return domain.ProvisionedServiceSpec{}, fmt.Errorf("placing the order: %w", err)
+	}
+	existing, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
+		return domain.ProvisionedServiceSpec{}, fmt.Errorf("reading the existing order: %w", err)
+	}
+	if !sameOrder(&existing.Spec, &want) {
+		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+	}
+	switch {
+	case existing.DeletionTimestamp != nil:
+		return domain.ProvisionedServiceSpec{}, apiresponses.ErrConcurrentInstanceAccess
+	case existing.Status.Phase == brokerv1.PhaseProvisioned:
+		return domain.ProvisionedServiceSpec{AlreadyExists: true}, nil
+	}
+	return domain.ProvisionedServiceSpec{IsAsync: true, OperationData: existing.Status.Operation}, nil
+}
+
+func sameOrder(a, b *brokerv1.ServiceInstanceSpec) bool {
+	if a.Class != b.Class || a.Plan != b.Plan {
+		return false
+	}
+	var pa, pb any
+	if a.Parameters != nil {
+		_ = json.Unmarshal(a.Parameters.Raw, &pa)
+	}
+	if b.Parameters != nil {
+		_ = json.Unmarshal(b.Parameters.Raw, &pb)
+	}
+	if m, ok := pa.(map[string]any); ok && len(m) == 0 {
+		pa = nil
+	}
+	if m, ok := pb.(map[string]any); ok && len(m) == 0 {
+		pb = nil
+	}
+	return apiequality.Semantic.DeepEqual(pa, pb)
+}
+
+func invalidCauses(err error) string {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, c := range status.Status().Details.Causes {
+		parts = append(parts, c.Field+": "+c.Message)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// deprovisionOperation is the operation id of an order's deletion; last_operation
+// recognises it after the order is gone.
+func deprovisionOperation(in *brokerv1.ServiceInstance) string {
+	return "deprovision-" + string(in.UID)
+}
+
+// Deprovision deletes the order; the operator removes what it made first.
+func (b *Broker) Deprovision(ctx context.Context, id string, _ domain.DeprovisionDetails, async bool) (domain.DeprovisionServiceSpec, error) {
+	if !async {
+		return domain.DeprovisionServiceSpec{}, apiresponses.ErrAsyncRequired
+	}
+	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return domain.DeprovisionServiceSpec{}, apiresponses.ErrInstanceDoesNotExist
+	}
+	if err != nil {
+		return domain.DeprovisionServiceSpec{}, fmt.Errorf("reading the order: %w", err)
+	}
+	uid := in.UID
+	err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Delete(ctx, id, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return domain.DeprovisionServiceSpec{}, apiresponses.ErrInstanceDoesNotExist
+	}
+	if err != nil {
+		return domain.DeprovisionServiceSpec{}, fmt.Errorf("deleting the order: %w", err)
+	}
+	return domain.DeprovisionServiceSpec{IsAsync: true, OperationData: deprovisionOperation(in)}, nil
+}
+
+// GetInstance is not offered (instances_retrievable is false).
+func (b *Broker) GetInstance(context.Context, string, domain.FetchInstanceDetails) (domain.GetInstanceDetailsSpec, error) {
+	return domain.GetInstanceDetailsSpec{}, errNotFound
+}
+
+// Update is not offered (plan_updateable is false): a plan change would resize
+// a running database, which the saga does not do yet.
+func (b *Broker) Update(context.Context, string, domain.UpdateDetails, bool) (domain.UpdateServiceSpec, error) {
+	return domain.UpdateServiceSpec{}, apiresponses.ErrPlanChangeNotSupported
+}
+
+// LastOperation reports the order's progress from its status.
+func (b *Broker) LastOperation(ctx context.Context, id string, d domain.PollDetails) (domain.LastOperation, error) {
+	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		if strings.HasPrefix(d.OperationData, "deprovision-") {
+			return domain.LastOperation{}, apiresponses.ErrInstanceDoesNotExist
+		}
+		return domain.LastOperation{}, errNotFound
+	}
+	if err != nil {
+		return domain.LastOperation{}, fmt.Errorf("reading the order: %w", err)
+	}
+	return lastOperation(in), nil
+}
+
+func lastOperation(in *brokerv1.ServiceInstance) domain.LastOperation {
+	ready := meta.FindStatusCondition(in.Status.Conditions, fulfillment.ConditionReady)
+	msg := ""
+	reason := ""
+	if ready != nil {
+		msg, reason = ready.Message, ready.Reason
+	}
+	switch {
+	case in.DeletionTimestamp != nil:
+		return domain.LastOperation{State: domain.InProgress, Description: "deprovisioning: " + fulfillment.DescribeUndo(in)}
+	case in.Status.Phase == brokerv1.PhaseProvisioned:
+		return domain.LastOperation{State: domain.Succeeded, Description: "provisioned: every replica is ready"}
+	case in.Status.Phase == brokerv1.PhaseFailed && reason == "Failed":
+		return domain.LastOperation{State: domain.Failed, Description: msg}
+	case in.Status.Phase == brokerv1.PhaseFailed:
+		return domain.LastOperation{State: domain.InProgress, Description: msg + "; removing what was made"}
+	case in.Status.Phase == brokerv1.PhasePending || len(in.Status.Steps) == 0:
+		return domain.LastOperation{State: domain.InProgress, Description: "order accepted, waiting for the fulfillment operator"}
+	}
+	return domain.LastOperation{State: domain.InProgress, Description: fulfillment.Describe(in)}
+}
+
+// Bind records a ServiceBinding and hands out the instance's credentials.
+func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDetails, _ bool) (domain.Binding, error) {
+	if err := checkID("binding", bindingID); err != nil {
+		return domain.Binding{}, err
+	}
+	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return domain.Binding{}, failure(fmt.Errorf("service instance %s does not exist", id), http.StatusNotFound, "NotFound")
+	}
+	if err != nil {
+		return domain.Binding{}, fmt.Errorf("reading the order: %w", err)
+	}
+	if in.Status.Phase != brokerv1.PhaseProvisioned || in.DeletionTimestamp != nil {
+		return domain.Binding{}, errNotReady
+	}
+	creds, err := b.credentials(ctx, in)
+	if err != nil {
+		return domain.Binding{}, err
+	}
+	bindings := b.mizar.BrokerV1alpha1().ServiceBindings(b.namespace)
+	sb := &brokerv1.ServiceBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: bindingID, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
+		Spec:       brokerv1.ServiceBindingSpec{Instance: id},
+	}
+	created, err := bindings.Create(ctx, sb, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
+		if err != nil {
+			return domain.Binding{}, fmt.Errorf("reading the existing binding: %w", err)
+		}
+		if existing.Spec.Instance != id {
+			return domain.Binding{}, apiresponses.ErrBindingAlreadyExists
+		}
+		return domain.Binding{AlreadyExists: true, Credentials: creds}, nil
+	}
+	if err != nil {
+		return domain.Binding{}, fmt.Errorf("recording the binding: %w", err)
+	}
+	created.Status.Phase = brokerv1.PhaseProvisioned
+	created.Status.SecretName = in.Status.ConnectionSecret
+	created.Status.ObservedGeneration = created.Generation
+	if _, err := bindings.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return domain.Binding{}, fmt.Errorf("recording the binding's status: %w", err)
+	}
+	return domain.Binding{Credentials: creds}, nil
+}
+
+// credentials reads the instance's connection Secret in the workload cluster.
+func (b *Broker) credentials(ctx context.Context, in *brokerv1.ServiceInstance) (map[string]any, error) {
+	s, err := b.workload.CoreV1().Secrets(in.Namespace).Get(ctx, in.Status.ConnectionSecret, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the credentials of %s: %w", in.Name, err)
+	}
+	get := func(k string) string {
+		if v, ok := s.Data[k]; ok {
+			return string(v)
+		}
+		return s.StringData[k]
+	}
+	host, port, user, pass, db := get("host"), get("port"), get("username"), get("password"), get("database")
+	return map[string]any{
+		"host": host, "port": port, "username": user, "password": pass, "database": db,
+		"uri": fmt.Sprintf("mysql://%s:%s@%s:%s/%s", user, pass, host, port, db),
+	}, nil
+}
+
+// Unbind deletes the binding.
+func (b *Broker) Unbind(ctx context.Context, id, bindingID string, _ domain.UnbindDetails, _ bool) (domain.UnbindSpec, error) {
+	bindings := b.mizar.BrokerV1alpha1().ServiceBindings(b.namespace)
+	existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && existing.Spec.Instance != id) {
+		return domain.UnbindSpec{}, apiresponses.ErrBindingDoesNotExist
+	}
+	if err != nil {
+		return domain.UnbindSpec{}, fmt.Errorf("reading the binding: %w", err)
+	}
+	if err := bindings.Delete(ctx, bindingID, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return domain.UnbindSpec{}, fmt.Errorf("deleting the binding: %w", err)
+	}
+	return domain.UnbindSpec{}, nil
+}
+
+// GetBinding is not offered (bindings_retrievable is false).
+func (b *Broker) GetBinding(context.Context, string, string, domain.FetchBindingDetails) (domain.GetBindingSpec, error) {
+	return domain.GetBindingSpec{}, apiresponses.ErrBindingNotFound
+}
+
+// LastBindingOperation: binds are synchronous, there is never one to poll.
+func (b *Broker) LastBindingOperation(context.Context, string, string, domain.PollDetails) (domain.LastOperation, error) {
+	return domain.LastOperation{}, apiresponses.ErrBindingNotFound
+}

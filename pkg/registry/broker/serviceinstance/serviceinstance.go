@@ -1,0 +1,136 @@
+// Package serviceinstance is the registry of serviceinstances.broker.mizar.dev:
+// the orders. An order is checked against its ServiceClass when it is created
+// and whenever its plan or parameters change, so a stored order always names a
+// plan that exists and parameters its schema accepts.
+package serviceinstance
+
+import (
+	"context"
+	"fmt"
+
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+
+	"mizar.dev/pkg/apis/broker"
+	"mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/apis/broker/validation"
+	"mizar.dev/pkg/registry"
+)
+
+var kind = registry.Kind[*broker.ServiceInstance, broker.ServiceInstanceSpec, broker.ServiceInstanceStatus]{
+	Resource:   broker.Resource("serviceinstances"),
+	Singular:   "serviceinstance",
+	Version:    v1alpha1.SchemeGroupVersion.String(),
+	Namespaced: true,
+	New:        func() *broker.ServiceInstance { return &broker.ServiceInstance{} },
+	NewList:    func() runtime.Object { return &broker.ServiceInstanceList{} },
+	Spec:       func(o *broker.ServiceInstance) *broker.ServiceInstanceSpec { return &o.Spec },
+	Status:     func(o *broker.ServiceInstance) *broker.ServiceInstanceStatus { return &o.Status },
+	// The operation id exists from the first write, so whoever placed the order
+	// (kubectl or an Open Service Broker platform) can follow it at once.
+	InitStatus: func(o *broker.ServiceInstance) {
+		o.Status.Phase = broker.PhasePending
+		o.Status.Operation = NewOperation("provision")
+	},
+	Validate:       validation.ValidateServiceInstance,
+	ValidateUpdate: validation.ValidateServiceInstanceUpdate,
+	ValidateStatus: validation.ValidateServiceInstanceStatus,
+	Fields: map[string]func(*broker.ServiceInstance) string{
+		"spec.class":   func(o *broker.ServiceInstance) string { return o.Spec.Class },
+		"spec.subnet":  func(o *broker.ServiceInstance) string { return o.Spec.Subnet },
+		"status.phase": func(o *broker.ServiceInstance) string { return string(o.Status.Phase) },
+	},
+	ShortNames: []string{"msi"},
+	Columns: []registry.Column[*broker.ServiceInstance]{
+		{Name: "Class", Type: "string", Description: "The service ordered.", Value: func(o *broker.ServiceInstance) any { return o.Spec.Class }},
+		{Name: "Plan", Type: "string", Description: "The plan ordered.", Value: func(o *broker.ServiceInstance) any { return o.Spec.Plan }},
+		{Name: "Step", Type: "string", Description: "The saga step in progress (or the last one), as n/total Name.", Value: func(o *broker.ServiceInstance) any { return StepSummary(&o.Status) }},
+		{Name: "Phase", Type: "string", Description: "Pending, Provisioning, Provisioned, Deprovisioning or Failed.", Value: func(o *broker.ServiceInstance) any { return string(o.Status.Phase) }},
+		{Name: "Subnet", Type: "string", Description: "The mizar subnet the workload runs in.", Priority: 1, Value: func(o *broker.ServiceInstance) any { return o.Spec.Subnet }},
+		{Name: "Operation", Type: "string", Description: "The current asynchronous operation.", Priority: 1, Value: func(o *broker.ServiceInstance) any { return o.Status.Operation }},
+	},
+}
+
+// NewOperation returns a fresh operation id for an action (provision, update, deprovision).
+func NewOperation(action string) string {
+	return action + "-" + utilrand.String(10)
+}
+
+// StepSummary shows where a saga is: the first step that is not done ("3/6
+// CreatingStatefulSet"), or the last step once all are done or undone.
+func StepSummary(st *broker.ServiceInstanceStatus) string {
+	n := len(st.Steps)
+	if n == 0 {
+		return ""
+	}
+	for i, s := range st.Steps {
+		if s.State != broker.StepDone {
+			// During compensation the interesting step is the one being undone.
+			if s.State == broker.StepCompensated {
+				continue
+			}
+			return fmt.Sprintf("%d/%d %s", i+1, n, s.Name)
+		}
+	}
+	return fmt.Sprintf("%d/%d %s", n, n, st.Steps[n-1].Name)
+}
+
+// NewREST returns the storage of service instances and their /status. classes is
+// the catalog's store, read to check plans and parameters.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, classes *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
+	k := kind
+	main, status, err := registry.NewREST(&k, scheme, optsGetter)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Hooks on the main store only: /status writes never change plan or parameters.
+	main.Store.BeginCreate = func(ctx context.Context, obj runtime.Object, _ *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
+		in := obj.(*broker.ServiceInstance)
+		// Static errors first, all at once, before the class is read.
+		if errs := validation.ValidateServiceInstance(in); len(errs) > 0 {
+			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
+		}
+		return noop, checkClass(ctx, classes, in)
+	}
+	main.Store.BeginUpdate = func(ctx context.Context, obj, old runtime.Object, _ *metav1.UpdateOptions) (genericregistry.FinishFunc, error) {
+		in, prev := obj.(*broker.ServiceInstance), old.(*broker.ServiceInstance)
+		if in.Spec.Plan == prev.Spec.Plan && apiequality.Semantic.DeepEqual(in.Spec.Parameters, prev.Spec.Parameters) {
+			return noop, nil
+		}
+		if errs := validation.ValidateServiceInstanceUpdate(in, prev); len(errs) > 0 {
+			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
+		}
+		return noop, checkClass(ctx, classes, in)
+	}
+	return main, status, nil
+}
+
+func noop(context.Context, bool) {}
+
+// checkClass reads the order's class and checks plan and parameters against it.
+func checkClass(ctx context.Context, classes *genericregistry.Store, in *broker.ServiceInstance) error {
+	obj, err := classes.Get(genericapirequest.WithNamespace(ctx, ""), in.Spec.Class, &metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, field.ErrorList{
+			field.NotFound(field.NewPath("spec", "class"), in.Spec.Class),
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("reading service class %q: %w", in.Spec.Class, err)
+	}
+	class, ok := obj.(*broker.ServiceClass)
+	if !ok {
+		return fmt.Errorf("reading service class %q: unexpected type %T", in.Spec.Class, obj)
+	}
+	if errs := validation.ValidateInstanceAgainstClass(in, class); len(errs) > 0 {
+		return apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
+	}
+	return nil
+}
