@@ -10,6 +10,8 @@ PORT=${MIZAR_PORT:-0}
 pidfile=$DATA/mizar-apiserver.pid
 log=$DATA/mizar-apiserver.log
 export KUBECONFIG=$DATA/kubeconfig
+# The Makefile exports the pinned kubectl (hack/kubectl-path.sh); else the one on PATH.
+kubectl() { command "${KUBECTL:-kubectl}" "$@"; }
 
 mkdir -p "$DATA"
 if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
