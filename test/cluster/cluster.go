@@ -119,13 +119,19 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.StartMizar(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := c.KubectlStdin(ctx, c.aggregationManifest(), "apply", "-f", "-"); err != nil {
-		return nil, err
-	}
-	if err := c.WaitAPIService(ctx, true); err != nil {
+	if err := c.ApplyAggregation(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// ApplyAggregation (re)creates the Service, EndpointSlice and APIService that
+// route kube-apiserver to mizar-apiserver, and waits until it is Available.
+func (c *Cluster) ApplyAggregation(ctx context.Context) error {
+	if _, err := c.KubectlStdin(ctx, c.aggregationManifest(), "apply", "-f", "-"); err != nil {
+		return err
+	}
+	return c.WaitAPIService(ctx, true)
 }
 
 func (c *Cluster) path(elem ...string) string {
