@@ -29,7 +29,7 @@ log() { echo "kube-binaries: $*" >&2; }
 # modver DIR MODULE: the version DIR/go.mod requires of MODULE (no network).
 modver() {
   local v
-  v=$(awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) {print $NF; exit}' "$1/go.mod")
+  v=$(awk -v m="$2" '$1 == m {print $2; exit} $1 == "require" && $2 == m {print $3; exit}' "$1/go.mod")
   [[ -n $v ]] || { log "cannot find $2 in $1/go.mod"; exit 1; }
   echo "$v"
 }
@@ -50,9 +50,17 @@ spec() {
   kwok)
     echo "$TOOLS/kwok sigs.k8s.io/kwok/cmd/kwok $CACHE/kwok-$(modver "$TOOLS/kwok" sigs.k8s.io/kwok) -s" ;;
   helm)
-    local h
+    local h k minor f
     h=$(modver "$TOOLS/helm" helm.sh/helm/v3)
-    echo "$TOOLS/helm helm.sh/helm/v3/cmd/helm $CACHE/helm-$h -s,-X,helm.sh/helm/v3/internal/version.version=$h" ;;
+    # As helm's Makefile does: the Kubernetes version it assumes offline (helm
+    # template, lint) is that of its client-go, not the library default 1.20.
+    k=$(modver "$TOOLS/helm" k8s.io/client-go)
+    minor=${k#v0.}; minor=${minor%%.*}
+    f="-s,-X,helm.sh/helm/v3/internal/version.version=$h"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      f+=",-X,$pkg.k8sVersionMajor=1,-X,$pkg.k8sVersionMinor=$minor"
+    done
+    echo "$TOOLS/helm helm.sh/helm/v3/cmd/helm $CACHE/helm-$h $f" ;;
   *)
     log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm)"
     exit 2 ;;

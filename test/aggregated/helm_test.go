@@ -97,14 +97,14 @@ func TestHelmChart(t *testing.T) {
 
 	t.Run("SchemaRefusesBadValues", func(t *testing.T) {
 		for _, bad := range []struct{ set, want string }{
-			{"tls.mode=self", "tls.mode"},
-			{"etcd.mode=external", "etcd"},
-			{"agent.mtu=100", "agent.mtu"},
-			{"apiserver.replicas=0", "apiserver.replicas"},
-			{"tls.mode=secrets", "tls"},
-			{"image.tag=", "image.tag"},
-			{"etcd.servers[0]=http://insecure:2379,etcd.mode=external,etcd.clientSecret=x", "etcd.servers"},
-			{"typo=1", "typo"},
+			{"tls.mode=self", "/tls/mode"},
+			{"etcd.mode=external", "/etcd/servers"},
+			{"agent.mtu=100", "/agent/mtu"},
+			{"apiserver.replicas=0", "/apiserver/replicas"},
+			{"tls.mode=secrets", "/tls"},
+			{"image.tag=", "/image/tag"},
+			{"etcd.servers[0]=http://insecure:2379,etcd.mode=external,etcd.clientSecret=x", "/etcd/servers/0"},
+			{"typo=1", "'typo' not allowed"},
 		} {
 			r := helm(t, "template", "x", chartDir(), "--set", bad.set)
 			if r.err == nil || !strings.Contains(r.stderr, "values don't meet the specifications of the schema") || !strings.Contains(r.stderr, bad.want) {

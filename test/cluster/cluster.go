@@ -501,16 +501,26 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 	}
 }
 
-// Stop ends every process (newest first) and deletes the namespace.
+// stopOrder: the clients of mizar-apiserver's watches (kube-controller-manager's
+// informers, proxied by kube-apiserver) go first, so mizar-apiserver shuts down
+// without open watches; the etcds last.
+var stopOrder = []string{"kube-controller-manager", "kube-apiserver", "mizar-apiserver", "mizar-etcd", "etcd"}
+
+// Stop ends every process and deletes the namespace.
 func (c *Cluster) Stop() error {
 	c.mu.Lock()
 	procs := c.procs
 	c.procs = nil
 	c.mu.Unlock()
 	var errs []error
-	for i := len(procs) - 1; i >= 0; i-- {
-		if err := procs[i].Stop(); err != nil {
-			errs = append(errs, err)
+	for _, name := range stopOrder {
+		for _, p := range procs {
+			if p.Name != name {
+				continue
+			}
+			if err := p.Stop(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if c.netns != "" {
@@ -563,8 +573,11 @@ func (p *Proc) Stop() error {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
-	return fmt.Errorf("%s ignored SIGTERM for %v and was killed", p.Name, stopTimeout)
+	return fmt.Errorf("%s ignored SIGTERM for %v: %w", p.Name, stopTimeout, ErrKilled)
 }
+
+// ErrKilled says a process did not exit on SIGTERM in time and was killed.
+var ErrKilled = errors.New("killed")
 
 func (c *Cluster) proc(name string) *Proc {
 	c.mu.Lock()
