@@ -14,7 +14,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver
 
 all: build
 
@@ -30,6 +30,11 @@ deps:
 # kube-binaries first: a cold build takes minutes, longer than go test's timeout.
 test: deps kube-binaries build verify
 	$(GO) test -count=1 ./...
+	cd hack/tools/image && $(GO) test -count=1 ./...
+
+# OCI image tarballs in _output/images (no Docker needed).
+images:
+	hack/images.sh
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl 1.35 and 1.33, helm
 # (hack/kube-binaries.sh; a no-op once cached in $(MIZAR_CACHE)).
