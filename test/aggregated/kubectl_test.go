@@ -92,6 +92,9 @@ spec: {node: %s, ip: 172.20.%d.%d, mac: "02:aa:00:00:%02x:%02x", interface: eth0
 // TestKubectl is the user-facing suite, once per kubectl version (kubectl's
 // supported skew against the v1.35 kube-apiserver).
 func TestKubectl(t *testing.T) {
+	if kubectlSkipped != "" {
+		t.Run("kubectl-1.33", func(t *testing.T) { t.Skip(kubectlSkipped) })
+	}
 	for _, v := range kubectls {
 		t.Run("kubectl-"+v.version, func(t *testing.T) {
 			k := newKC(t, v.path, cl.AdminKubeconfig)
