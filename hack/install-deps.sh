@@ -20,3 +20,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# kubectl pinned for the e2e tests and `make up` (hack/kubectl-path.sh picks it):
+# built once from the Go module proxy into ~/.cache/mizar, a no-op afterwards.
+"$(dirname "${BASH_SOURCE[0]}")/kube-binaries.sh" kubectl >/dev/null

@@ -4,9 +4,9 @@
 set -o errexit -o nounset -o pipefail
 KUBECTL=${KUBECTL:-kubectl}
 min_minor=30
-how="Install kubectl >= 1.$min_minor, e.g.:
-  curl -fsSLo /usr/local/bin/kubectl https://dl.k8s.io/release/v1.35.4/bin/linux/amd64/kubectl && chmod +x /usr/local/bin/kubectl
-(see https://kubernetes.io/docs/tasks/tools/ for other systems), or set KUBECTL to one."
+how="Run 'make deps' (hack/kube-binaries.sh builds a pinned kubectl from the Go module proxy into
+\${MIZAR_CACHE:-~/.cache/mizar}), or install kubectl >= 1.$min_minor yourself
+(https://kubernetes.io/docs/tasks/tools/), or set KUBECTL to one."
 if ! command -v "$KUBECTL" >/dev/null 2>&1; then
   echo "mizar: '$KUBECTL' is not on PATH; 'make up' and the e2e tests need it." >&2
   echo "$how" >&2

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes-side binaries mizar's tests drive, from the Go module
+# proxy only (no release downloads, no container engine), and caches them
+# outside the clone, keyed by version, so a warm run builds nothing:
+#
+#   ${MIZAR_CACHE:-$HOME/.cache/mizar}/<tool>-<version>/bin/<name>
+#
+# Usage: hack/kube-binaries.sh [name...]
+#   names: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd
+#          kubectl-1.33 kwok helm        (default: the first five)
+# Prints the absolute path of each requested binary on stdout, one per line,
+# in the order asked; progress goes to stderr.
+#
+# Versions come from the tools modules under hack/tools/ (their go.mod/go.sum
+# are committed): kube/ pins k8s.io/kubernetes v1.35.x and the etcd server it is
+# tested with, kubectl-1.33/ the old kubectl for the skew test, kwok/ and helm/
+# their own commands. etcd is built from go.etcd.io/etcd/server/v3 (etcdmain)
+# rather than taken from Debian, whose etcd-server 3.4 is too old for
+# kube-apiserver 1.35's consistent reads from the watch cache.
+set -o errexit -o nounset -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TOOLS=$ROOT/hack/tools
+CACHE=${MIZAR_CACHE:-$HOME/.cache/mizar}
+export GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0
+
+log() { echo "kube-binaries: $*" >&2; }
+
+# modver DIR MODULE: the version DIR/go.mod requires of MODULE (no network).
+modver() {
+  local v
+  v=$(awk -v m="$2" '$1 == m {print $2; exit} $1 == "require" && $2 == m {print $3; exit}' "$1/go.mod")
+  [[ -n $v ]] || { log "cannot find $2 in $1/go.mod"; exit 1; }
+  echo "$v"
+}
+
+# spec NAME -> "moduledir package cachedir ldflags"
+spec() {
+  local kube133 kube etcd
+  case $1 in
+  kubectl | kube-apiserver | kube-controller-manager | kube-scheduler)
+    kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
+    echo "$TOOLS/kube k8s.io/kubernetes/cmd/$1 $CACHE/kube-$kube $(kubeldflags "$kube")" ;;
+  etcd)
+    etcd=$(modver "$TOOLS/kube" go.etcd.io/etcd/server/v3)
+    echo "$TOOLS/kube ./etcd $CACHE/etcd-$etcd -s" ;;
+  kubectl-1.33)
+    kube133=$(modver "$TOOLS/kubectl-1.33" k8s.io/kubernetes)
+    echo "$TOOLS/kubectl-1.33 k8s.io/kubernetes/cmd/kubectl $CACHE/kube-$kube133 $(kubeldflags "$kube133")" ;;
+  kwok)
+    echo "$TOOLS/kwok sigs.k8s.io/kwok/cmd/kwok $CACHE/kwok-$(modver "$TOOLS/kwok" sigs.k8s.io/kwok) -s" ;;
+  helm)
+    local h k minor f
+    h=$(modver "$TOOLS/helm" helm.sh/helm/v3)
+    # As helm's Makefile does: the Kubernetes version it assumes offline (helm
+    # template, lint) is that of its client-go, not the library default 1.20.
+    k=$(modver "$TOOLS/helm" k8s.io/client-go)
+    minor=${k#v0.}; minor=${minor%%.*}
+    f="-s,-X,helm.sh/helm/v3/internal/version.version=$h"
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      f+=",-X,$pkg.k8sVersionMajor=1,-X,$pkg.k8sVersionMinor=$minor"
+    done
+    echo "$TOOLS/helm helm.sh/helm/v3/cmd/helm $CACHE/helm-$h $f" ;;
+  *)
+    log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm)"
+    exit 2 ;;
+  esac
+}
+
+# kubeldflags VERSION: the -X flags Kubernetes' own build sets (hack/lib/version.sh),
+# so `kubectl version` and /version report the real release, comma-joined for spec.
+kubeldflags() {
+  local v=$1 major minor f=-s
+  major=${v#v}; major=${major%%.*}
+  minor=${v#v*.}; minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=",-X,$pkg.gitVersion=$v,-X,$pkg.gitMajor=$major,-X,$pkg.gitMinor=$minor,-X,$pkg.gitTreeState=clean"
+  done
+  echo "$f"
+}
+
+names=("$@")
+((${#names[@]})) || names=(kubectl kube-apiserver kube-controller-manager kube-scheduler etcd)
+
+# Group the missing binaries by (module, cache dir, ldflags) so one `go build`
+# compiles shared packages once (kube-apiserver and kube-controller-manager share most).
+declare -A groups=()
+paths=()
+for n in "${names[@]}"; do
+  read -r moddir pkg dir ldflags <<<"$(spec "$n")"
+  bin=$dir/bin/${n%-1.33}
+  paths+=("$bin")
+  [[ -x $bin ]] && continue
+  key="$moddir $dir $ldflags"
+  groups[$key]+=" $pkg"
+done
+
+for key in "${!groups[@]}"; do
+  read -r moddir dir ldflags <<<"$key"
+  read -r -a pkgs <<<"${groups[$key]}"
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/kube-binaries.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  log "building ${pkgs[*]##*/} into $dir/bin (cold: several minutes on 2 cores; cached afterwards)"
+  start=$SECONDS
+  # -v lists each compiled package: a count every 30 s shows progress without a flood.
+  (cd "$moddir" && exec nice -n 10 go build -v -trimpath -ldflags="${ldflags//,/ }" -o "$tmp/" "${pkgs[@]}") 2>"$tmp/log" &
+  pid=$!
+  last=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS - last >= 30)); then
+      last=$SECONDS
+      log "  ... $(grep -cv '^#' "$tmp/log" || true) packages compiled, $((SECONDS - start)) s"
+    fi
+  done
+  if ! wait "$pid"; then
+    tail -30 "$tmp/log" >&2
+    log "build of ${pkgs[*]} failed (log above)"
+    exit 1
+  fi
+  mkdir -p "$dir/bin"
+  for p in "${pkgs[@]}"; do
+    b=${p##*/}
+    mv -f "$tmp/$b" "$dir/bin/$b"
+  done
+  rm -rf "$tmp"
+  trap - EXIT
+  log "built ${pkgs[*]##*/} in $((SECONDS - start)) s"
+done
+
+printf '%s\n' "${paths[@]}"
