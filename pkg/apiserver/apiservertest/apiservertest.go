@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,7 +54,12 @@ func New(dataDir string, flags ...string) (*Server, error) {
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync"}, flags...)
+	args := []string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}
+	if !slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "--etcd-servers") }) {
+		// Only the embedded etcd has fsync to skip; the server refuses the flag otherwise.
+		args = append(args, "--embedded-etcd-unsafe-no-fsync")
+	}
+	args = append(args, flags...)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
