@@ -150,6 +150,9 @@ type objects struct {
 	namespace                                    string
 	// octet numbers the manifest's address ranges: 10.<octet>.0.0/16 etc.
 	octet int
+	// serial is unique per set in this test process: it keeps the droplet's
+	// address, which must be unique in the store, apart across -count reruns.
+	serial int32
 }
 
 // seq makes names unique per test run, so -count=N reruns create fresh objects.
@@ -160,9 +163,10 @@ func unique(prefix string) string { return fmt.Sprintf("%s%d", prefix, seq.Add(1
 
 // newObjects names a fresh set of objects after prefix.
 func newObjects(prefix string, octet int) objects {
-	prefix = unique(prefix)
+	serial := seq.Add(1)
+	prefix = fmt.Sprintf("%s%d", prefix, serial)
 	return objects{
-		prefix: prefix, octet: octet,
+		prefix: prefix, octet: octet, serial: serial,
 		vpc: prefix + "-vpc", subnet: prefix + "-subnet", droplet: prefix + "-node",
 		divider: prefix + "-divider", bouncer: prefix + "-bouncer", endp: prefix + "-ep",
 		namespace: prefix + "-ns",
@@ -176,7 +180,7 @@ func (o objects) gateway() string    { return fmt.Sprintf("10.%d.1.1", o.octet) 
 // firstEndpointIP is what the server allocates first in a fresh subnet: the
 // lowest host address that is not the gateway.
 func (o objects) firstEndpointIP() string { return fmt.Sprintf("10.%d.1.2", o.octet) }
-func (o objects) dropletIP() string       { return fmt.Sprintf("192.168.%d.11", o.octet) }
+func (o objects) dropletIP() string       { return fmt.Sprintf("192.168.%d.%d", o.octet, 10+o.serial%240) }
 func (o objects) dropletMAC() string      { return fmt.Sprintf("02:00:00:00:%02x:11", o.octet) }
 func (o objects) endpointMAC() string     { return fmt.Sprintf("02:00:00:00:%02x:21", o.octet) }
 

@@ -34,15 +34,16 @@ func race(n int, create func(i int) error) []error {
 // VPC's lock, so no two can both see "no overlap".
 func TestConcurrentOverlappingSubnets(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
 	c := client().NetworkingV1alpha1()
 	mustCreate(t, func() error {
-		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("race-vpc", "10.80.0.0/16", 0), metav1.CreateOptions{})
+		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("race-vpc"+u, "10.80.0.0/16", 0), metav1.CreateOptions{})
 		return err
 	})
 	errs := race(8, func(i int) error {
 		// /24, /25 and /26 prefixes that all contain 10.80.5.0.
 		cidr := fmt.Sprintf("10.80.5.0/%d", 24+i%3)
-		_, err := c.Subnets().Create(ctx, fixtures.Subnet(fmt.Sprintf("race-%d", i), "race-vpc", cidr), metav1.CreateOptions{})
+		_, err := c.Subnets().Create(ctx, fixtures.Subnet(fmt.Sprintf("race-%d", i)+u, "race-vpc"+u, cidr), metav1.CreateOptions{})
 		return err
 	})
 	stored := 0
@@ -63,13 +64,14 @@ func TestConcurrentOverlappingSubnets(t *testing.T) {
 // addresses and VNIs.
 func TestConcurrentAllocation(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
 	c := client().NetworkingV1alpha1()
 	mustCreate(t, func() error {
-		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("alloc-vpc", "10.81.0.0/16", 0), metav1.CreateOptions{})
+		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("alloc-vpc"+u, "10.81.0.0/16", 0), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Subnets().Create(ctx, fixtures.Subnet("alloc-net", "alloc-vpc", "10.81.0.0/27"), metav1.CreateOptions{})
+		_, err := c.Subnets().Create(ctx, fixtures.Subnet("alloc-net"+u, "alloc-vpc"+u, "10.81.0.0/27"), metav1.CreateOptions{})
 		return err
 	})
 
@@ -77,7 +79,7 @@ func TestConcurrentAllocation(t *testing.T) {
 	const n = 29
 	ips := make([]string, n)
 	errs := race(n, func(i int) error {
-		ep, err := c.Endpoints(fmt.Sprintf("alloc-%d", i%3)).Create(ctx, fixtures.Endpoint(fmt.Sprintf("alloc-%d", i%3), fmt.Sprintf("ep-%d", i), "alloc-net", ""), metav1.CreateOptions{})
+		ep, err := c.Endpoints(fmt.Sprintf("alloc-%d", i%3)+u).Create(ctx, fixtures.Endpoint(fmt.Sprintf("alloc-%d", i%3)+u, fmt.Sprintf("ep-%d", i), "alloc-net"+u, ""), metav1.CreateOptions{})
 		if err == nil {
 			ips[i] = ep.Spec.IP
 		}
@@ -94,14 +96,14 @@ func TestConcurrentAllocation(t *testing.T) {
 		seen[ips[i]] = i
 	}
 	// The subnet is full now: the next one is refused, with the field named.
-	_, err := c.Endpoints("alloc-0").Create(ctx, fixtures.Endpoint("alloc-0", "one-too-many", "alloc-net", ""), metav1.CreateOptions{})
+	_, err := c.Endpoints("alloc-0"+u).Create(ctx, fixtures.Endpoint("alloc-0"+u, "one-too-many", "alloc-net"+u, ""), metav1.CreateOptions{})
 	if !apierrors.IsInvalid(err) {
 		t.Errorf("endpoint in a full subnet: got %v, want 422", err)
 	}
 
 	vnis := make([]int32, 10)
 	errs = race(len(vnis), func(i int) error {
-		vpc, err := c.Vpcs().Create(ctx, fixtures.Vpc(fmt.Sprintf("alloc-vpc-%d", i), "10.82.0.0/16", 0), metav1.CreateOptions{})
+		vpc, err := c.Vpcs().Create(ctx, fixtures.Vpc(fmt.Sprintf("alloc-vpc-%d", i)+u, "10.82.0.0/16", 0), metav1.CreateOptions{})
 		if err == nil {
 			vnis[i] = vpc.Spec.VNI
 		}

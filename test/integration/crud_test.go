@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,18 +173,19 @@ func containsName[T any](items []T, name string) bool {
 
 func TestCRUDEveryKind(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
 	c := client().NetworkingV1alpha1()
 	// Parents the relational checks require.
-	if _, err := c.Vpcs().Create(ctx, fixtures.Vpc("crud-parent", "10.20.0.0/16", 0), metav1.CreateOptions{}); err != nil {
+	if _, err := c.Vpcs().Create(ctx, fixtures.Vpc("crud-parent"+u, "10.20.0.0/16", 0), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Subnets().Create(ctx, fixtures.Subnet("crud-parent", "crud-parent", "10.20.0.0/24"), metav1.CreateOptions{}); err != nil {
+	if _, err := c.Subnets().Create(ctx, fixtures.Subnet("crud-parent"+u, "crud-parent"+u, "10.20.0.0/24"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Run("Vpc", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Vpc, v1.VpcList]{
-			client: c.Vpcs(), obj: fixtures.Vpc("crud-vpc", "10.21.0.0/16", 0),
+			client: c.Vpcs(), obj: fixtures.Vpc("crud-vpc"+u, "10.21.0.0/16", 0),
 			changeSpec: func(o *v1.Vpc) { o.Spec.Dividers++ },
 			spec:       func(o *v1.Vpc) any { return o.Spec },
 			status:     func(o *v1.Vpc) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },
@@ -192,7 +194,7 @@ func TestCRUDEveryKind(t *testing.T) {
 	})
 	t.Run("Subnet", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Subnet, v1.SubnetList]{
-			client: c.Subnets(), obj: fixtures.Subnet("crud-subnet", "crud-parent", "10.20.1.0/24"),
+			client: c.Subnets(), obj: fixtures.Subnet("crud-subnet"+u, "crud-parent"+u, "10.20.1.0/24"),
 			changeSpec: func(o *v1.Subnet) { o.Spec.Bouncers++ },
 			spec:       func(o *v1.Subnet) any { return o.Spec },
 			status:     func(o *v1.Subnet) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },
@@ -201,7 +203,7 @@ func TestCRUDEveryKind(t *testing.T) {
 	})
 	t.Run("Endpoint", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Endpoint, v1.EndpointList]{
-			client: c.Endpoints("crud"), obj: fixtures.Endpoint("crud", "crud-ep", "crud-parent", ""),
+			client: c.Endpoints("crud" + u), obj: fixtures.Endpoint("crud"+u, "crud-ep"+u, "crud-parent"+u, ""),
 			changeSpec: func(o *v1.Endpoint) { o.Spec.Droplet += "x" },
 			spec:       func(o *v1.Endpoint) any { return o.Spec },
 			status:     func(o *v1.Endpoint) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },
@@ -210,7 +212,7 @@ func TestCRUDEveryKind(t *testing.T) {
 	})
 	t.Run("Divider", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Divider, v1.DividerList]{
-			client: c.Dividers(), obj: fixtures.Divider("crud-div", "crud-parent", ""),
+			client: c.Dividers(), obj: fixtures.Divider("crud-div"+u, "crud-parent"+u, ""),
 			changeSpec: func(o *v1.Divider) { o.Spec.Droplet += "d" },
 			spec:       func(o *v1.Divider) any { return o.Spec },
 			status:     func(o *v1.Divider) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },
@@ -219,7 +221,7 @@ func TestCRUDEveryKind(t *testing.T) {
 	})
 	t.Run("Bouncer", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Bouncer, v1.BouncerList]{
-			client: c.Bouncers(), obj: fixtures.Bouncer("crud-bnc", "crud-parent", ""),
+			client: c.Bouncers(), obj: fixtures.Bouncer("crud-bnc"+u, "crud-parent"+u, ""),
 			changeSpec: func(o *v1.Bouncer) { o.Spec.Droplet += "b" },
 			spec:       func(o *v1.Bouncer) any { return o.Spec },
 			status:     func(o *v1.Bouncer) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },
@@ -228,7 +230,7 @@ func TestCRUDEveryKind(t *testing.T) {
 	})
 	t.Run("Droplet", func(t *testing.T) {
 		testCRUD(t, crudCase[v1.Droplet, v1.DropletList]{
-			client: c.Droplets(), obj: fixtures.Droplet("crud-drop", "192.168.50.1"),
+			client: c.Droplets(), obj: fixtures.Droplet("crud-drop"+u, fmt.Sprintf("192.168.%d.%d", 50+runs.Load()/200, 1+runs.Load()%200)),
 			changeSpec: func(o *v1.Droplet) { o.Spec.Interface = "eth1" },
 			spec:       func(o *v1.Droplet) any { return o.Spec },
 			status:     func(o *v1.Droplet) *v1.ProvisioningStatus { return &o.Status.ProvisioningStatus },

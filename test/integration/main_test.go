@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,3 +50,9 @@ func testContext(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+var runs atomic.Int32
+
+// runSuffix is appended to the names of the objects one run of a test creates:
+// the shared server keeps them, and go test -count=N runs each test N times.
+func runSuffix() string { return fmt.Sprintf("-r%d", runs.Add(1)) }

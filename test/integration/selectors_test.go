@@ -20,26 +20,27 @@ import (
 
 func TestFieldSelectorLists(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
 	c := client().NetworkingV1alpha1()
 	for i := 0; i < 5; i++ {
 		mustCreate(t, func() error {
-			_, err := c.Dividers().Create(ctx, fixtures.Divider(fmt.Sprintf("sel-far-%d", i), "sel-vpc", "sel-far"), metav1.CreateOptions{})
+			_, err := c.Dividers().Create(ctx, fixtures.Divider(fmt.Sprintf("sel-far-%d", i)+u, "sel-vpc"+u, "sel-far"+u), metav1.CreateOptions{})
 			return err
 		})
 	}
 	for i := 0; i < 2; i++ {
 		mustCreate(t, func() error {
-			_, err := c.Dividers().Create(ctx, fixtures.Divider(fmt.Sprintf("sel-near-%d", i), "sel-vpc", "sel-near"), metav1.CreateOptions{})
+			_, err := c.Dividers().Create(ctx, fixtures.Divider(fmt.Sprintf("sel-near-%d", i)+u, "sel-vpc"+u, "sel-near"+u), metav1.CreateOptions{})
 			return err
 		})
 	}
 
 	fetchedBefore := scrapeCounter(t, ctx, `apiserver_cache_list_fetched_objects_total{group="networking.mizar.dev",index="f:spec.droplet",resource="dividers"}`)
-	list, err := c.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=sel-near"})
+	list, err := c.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=sel-near" + u})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := dividerNames(list.Items); got != "sel-near-0,sel-near-1" {
+	if got := dividerNames(list.Items); got != "sel-near-0"+u+",sel-near-1"+u {
 		t.Errorf("spec.droplet=sel-near listed %s", got)
 	}
 	// Served from the watch cache through the spec.droplet index: only the two
@@ -49,7 +50,7 @@ func TestFieldSelectorLists(t *testing.T) {
 		t.Errorf("the indexed list read %v objects from the watch cache, want 2", fetched)
 	}
 
-	list, err = c.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=sel-vpc,spec.droplet!=sel-near"})
+	list, err = c.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=sel-vpc" + u + ",spec.droplet!=sel-near" + u})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,22 +60,22 @@ func TestFieldSelectorLists(t *testing.T) {
 
 	// Endpoints of one subnet across namespaces.
 	mustCreate(t, func() error {
-		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("sel-vpc", "10.60.0.0/16", 0), metav1.CreateOptions{})
+		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("sel-vpc"+u, "10.60.0.0/16", 0), metav1.CreateOptions{})
 		return err
 	})
-	for _, s := range []struct{ name, cidr string }{{"sel-a", "10.60.1.0/24"}, {"sel-b", "10.60.2.0/24"}} {
+	for _, s := range []struct{ name, cidr string }{{"sel-a" + u, "10.60.1.0/24"}, {"sel-b" + u, "10.60.2.0/24"}} {
 		mustCreate(t, func() error {
-			_, err := c.Subnets().Create(ctx, fixtures.Subnet(s.name, "sel-vpc", s.cidr), metav1.CreateOptions{})
+			_, err := c.Subnets().Create(ctx, fixtures.Subnet(s.name, "sel-vpc"+u, s.cidr), metav1.CreateOptions{})
 			return err
 		})
 	}
-	for _, e := range []struct{ ns, name, subnet string }{{"ns-1", "ep-1", "sel-a"}, {"ns-2", "ep-2", "sel-a"}, {"ns-1", "ep-3", "sel-b"}} {
+	for _, e := range []struct{ ns, name, subnet string }{{"ns-1" + u, "ep-1", "sel-a" + u}, {"ns-2" + u, "ep-2", "sel-a" + u}, {"ns-1" + u, "ep-3", "sel-b" + u}} {
 		mustCreate(t, func() error {
 			_, err := c.Endpoints(e.ns).Create(ctx, fixtures.Endpoint(e.ns, e.name, e.subnet, ""), metav1.CreateOptions{})
 			return err
 		})
 	}
-	eps, err := c.Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=sel-a"})
+	eps, err := c.Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=sel-a" + u})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,10 +83,10 @@ func TestFieldSelectorLists(t *testing.T) {
 	for _, e := range eps.Items {
 		names = append(names, e.Namespace+"/"+e.Name)
 	}
-	if strings.Join(names, ",") != "ns-1/ep-1,ns-2/ep-2" {
-		t.Errorf("spec.subnet=sel-a listed %v", names)
+	if want := "ns-1" + u + "/ep-1,ns-2" + u + "/ep-2"; strings.Join(names, ",") != want {
+		t.Errorf("spec.subnet=sel-a%s listed %v, want %s", u, names, want)
 	}
-	subnets, err := c.Subnets().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=sel-vpc"})
+	subnets, err := c.Subnets().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=sel-vpc" + u})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,40 +102,41 @@ func TestFieldSelectorLists(t *testing.T) {
 
 func TestFieldSelectorWatch(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
 	c := client().NetworkingV1alpha1()
-	list, err := c.Bouncers().List(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=watch-near"})
+	list, err := c.Bouncers().List(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=watch-near" + u})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := c.Bouncers().Watch(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=watch-near", ResourceVersion: list.ResourceVersion})
+	w, err := c.Bouncers().Watch(ctx, metav1.ListOptions{FieldSelector: "spec.droplet=watch-near" + u, ResourceVersion: list.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
 
 	// Events for the other droplet come first; the watcher must never see them.
-	far, err := c.Bouncers().Create(ctx, fixtures.Bouncer("watch-far", "watch-net", "watch-far"), metav1.CreateOptions{})
+	far, err := c.Bouncers().Create(ctx, fixtures.Bouncer("watch-far"+u, "watch-net"+u, "watch-far"+u), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Bouncers().Create(ctx, fixtures.Bouncer("watch-near", "watch-net", "watch-near"), metav1.CreateOptions{}); err != nil {
+	if _, err := c.Bouncers().Create(ctx, fixtures.Bouncer("watch-near"+u, "watch-net"+u, "watch-near"+u), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	far.Status.Phase = v1.PhaseProvisioned
 	if _, err := c.Bouncers().UpdateStatus(ctx, far, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Bouncers().Delete(ctx, "watch-far", metav1.DeleteOptions{}); err != nil {
+	if err := c.Bouncers().Delete(ctx, "watch-far"+u, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Bouncers().Delete(ctx, "watch-near", metav1.DeleteOptions{}); err != nil {
+	if err := c.Bouncers().Delete(ctx, "watch-near"+u, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []watch.EventType{watch.Added, watch.Deleted} {
 		select {
 		case ev := <-w.ResultChan():
 			b, ok := ev.Object.(*v1.Bouncer)
-			if !ok || ev.Type != want || b.Name != "watch-near" {
+			if !ok || ev.Type != want || b.Name != "watch-near"+u {
 				t.Fatalf("got %s %v, want %s of watch-near", ev.Type, ev.Object, want)
 			}
 		case <-time.After(30 * time.Second):

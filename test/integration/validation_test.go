@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -69,46 +70,51 @@ func updateCase[T any](name, field, objName string, mutate func(*T), update func
 
 func TestValidation(t *testing.T) {
 	ctx := testContext(t)
+	u := runSuffix()
+	// The VNI and droplet address are unique per run too: both must be unique in the store.
+	run := runs.Load()
+	vni := 3000 + run
+	dropletIP := fmt.Sprintf("192.168.%d.%d", 60+run/200, 1+run%200)
 	c := client().NetworkingV1alpha1()
 	mustCreate(t, func() error {
-		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("val-vpc", "10.30.0.0/16", 3000), metav1.CreateOptions{})
+		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("val-vpc"+u, "10.30.0.0/16", vni), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Subnets().Create(ctx, fixtures.Subnet("val-net", "val-vpc", "10.30.1.0/24"), metav1.CreateOptions{})
+		_, err := c.Subnets().Create(ctx, fixtures.Subnet("val-net"+u, "val-vpc"+u, "10.30.1.0/24"), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Endpoints("val").Create(ctx, fixtures.Endpoint("val", "val-ep", "val-net", "10.30.1.10"), metav1.CreateOptions{})
+		_, err := c.Endpoints("val"+u).Create(ctx, fixtures.Endpoint("val"+u, "val-ep"+u, "val-net"+u, "10.30.1.10"), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Dividers().Create(ctx, fixtures.Divider("val-div", "val-vpc", "node-1"), metav1.CreateOptions{})
+		_, err := c.Dividers().Create(ctx, fixtures.Divider("val-div"+u, "val-vpc"+u, "node-1"), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Bouncers().Create(ctx, fixtures.Bouncer("val-bnc", "val-net", "node-1"), metav1.CreateOptions{})
+		_, err := c.Bouncers().Create(ctx, fixtures.Bouncer("val-bnc"+u, "val-net"+u, "node-1"), metav1.CreateOptions{})
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Droplets().Create(ctx, fixtures.Droplet("val-drop", "192.168.60.1"), metav1.CreateOptions{})
+		_, err := c.Droplets().Create(ctx, fixtures.Droplet("val-drop"+u, dropletIP), metav1.CreateOptions{})
 		return err
 	})
 	// A VPC held in deletion by a finalizer: nothing may be created in it.
-	held := fixtures.Vpc("val-held", "10.31.0.0/16", 0)
+	held := fixtures.Vpc("val-held"+u, "10.31.0.0/16", 0)
 	held.Finalizers = []string{"test.mizar.dev/hold"}
 	mustCreate(t, func() error { _, err := c.Vpcs().Create(ctx, held, metav1.CreateOptions{}); return err })
-	if err := c.Vpcs().Delete(ctx, "val-held", metav1.DeleteOptions{}); err != nil {
+	if err := c.Vpcs().Delete(ctx, "val-held"+u, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { releaseFinalizers(t, c, "val-held") })
+	t.Cleanup(func() { releaseFinalizers(t, c, "val-held"+u) })
 
-	vpcs, subnets, eps := c.Vpcs(), c.Subnets(), c.Endpoints("val")
+	vpcs, subnets, eps := c.Vpcs(), c.Subnets(), c.Endpoints("val"+u)
 	dividers, bouncers, droplets := c.Dividers(), c.Bouncers(), c.Droplets()
 	vpc := func(name string) *v1.Vpc { return fixtures.Vpc(name, "10.40.0.0/16", 0) }
-	subnet := func(name string) *v1.Subnet { return fixtures.Subnet(name, "val-vpc", "10.30.2.0/24") }
-	ep := func(name string) *v1.Endpoint { return fixtures.Endpoint("val", name, "val-net", "") }
-	drop := func(name string) *v1.Droplet { return fixtures.Droplet(name, "192.168.60.2") }
+	subnet := func(name string) *v1.Subnet { return fixtures.Subnet(name, "val-vpc"+u, "10.30.2.0/24") }
+	ep := func(name string) *v1.Endpoint { return fixtures.Endpoint("val"+u, name, "val-net"+u, "") }
+	drop := func(name string) *v1.Droplet { return fixtures.Droplet(name, "192.168.59.2") }
 
 	cases := []badRequest{
 		createCase("vpc name", "metadata.name", vpc("Bad_Name"), func(o *v1.Vpc) {}, vpcs.Create, vpcs.Get),
@@ -121,14 +127,14 @@ func TestValidation(t *testing.T) {
 		createCase("vpc vni negative", "spec.vni", vpc("v7"), func(o *v1.Vpc) { o.Spec.VNI = -1 }, vpcs.Create, vpcs.Get),
 		createCase("vpc too many dividers", "spec.dividers", vpc("v8"), func(o *v1.Vpc) { o.Spec.Dividers = 17 }, vpcs.Create, vpcs.Get),
 		createCase("vpc negative dividers", "spec.dividers", vpc("v9"), func(o *v1.Vpc) { o.Spec.Dividers = -1 }, vpcs.Create, vpcs.Get),
-		createCase("vpc vni taken", "spec.vni", vpc("v10"), func(o *v1.Vpc) { o.Spec.VNI = 3000 }, vpcs.Create, vpcs.Get),
-		updateCase("vpc cidr immutable", "spec.cidr", "val-vpc", func(o *v1.Vpc) { o.Spec.CIDR = "10.30.0.0/15" }, vpcs.Update, vpcs.Get),
-		updateCase("vpc vni immutable", "spec.vni", "val-vpc", func(o *v1.Vpc) { o.Spec.VNI = 3001 }, vpcs.Update, vpcs.Get),
+		createCase("vpc vni taken", "spec.vni", vpc("v10"), func(o *v1.Vpc) { o.Spec.VNI = vni }, vpcs.Create, vpcs.Get),
+		updateCase("vpc cidr immutable", "spec.cidr", "val-vpc"+u, func(o *v1.Vpc) { o.Spec.CIDR = "10.30.0.0/15" }, vpcs.Update, vpcs.Get),
+		updateCase("vpc vni immutable", "spec.vni", "val-vpc"+u, func(o *v1.Vpc) { o.Spec.VNI = vni + 1 }, vpcs.Update, vpcs.Get),
 
 		createCase("subnet vpc missing", "spec.vpc", subnet("s1"), func(o *v1.Subnet) { o.Spec.VPC = "" }, subnets.Create, subnets.Get),
 		createCase("subnet vpc bad name", "spec.vpc", subnet("s2"), func(o *v1.Subnet) { o.Spec.VPC = "Bad/Name" }, subnets.Create, subnets.Get),
 		createCase("subnet vpc not found", "spec.vpc", subnet("s3"), func(o *v1.Subnet) { o.Spec.VPC = "no-such-vpc" }, subnets.Create, subnets.Get),
-		createCase("subnet vpc being deleted", "spec.vpc", subnet("s4"), func(o *v1.Subnet) { o.Spec.VPC, o.Spec.CIDR = "val-held", "10.31.1.0/24" }, subnets.Create, subnets.Get),
+		createCase("subnet vpc being deleted", "spec.vpc", subnet("s4"), func(o *v1.Subnet) { o.Spec.VPC, o.Spec.CIDR = "val-held"+u, "10.31.1.0/24" }, subnets.Create, subnets.Get),
 		createCase("subnet outside vpc", "spec.cidr", subnet("s5"), func(o *v1.Subnet) { o.Spec.CIDR = "10.99.0.0/24" }, subnets.Create, subnets.Get),
 		createCase("subnet larger than vpc", "spec.cidr", subnet("s6"), func(o *v1.Subnet) { o.Spec.CIDR = "10.30.0.0/15" }, subnets.Create, subnets.Get),
 		createCase("subnet overlaps sibling", "spec.cidr", subnet("s7"), func(o *v1.Subnet) { o.Spec.CIDR = "10.30.1.128/25" }, subnets.Create, subnets.Get),
@@ -137,8 +143,8 @@ func TestValidation(t *testing.T) {
 		createCase("subnet gateway is broadcast", "spec.gateway", subnet("s10"), func(o *v1.Subnet) { o.Spec.Gateway = "10.30.2.255" }, subnets.Create, subnets.Get),
 		createCase("subnet gateway not an IP", "spec.gateway", subnet("s11"), func(o *v1.Subnet) { o.Spec.Gateway = "gw" }, subnets.Create, subnets.Get),
 		createCase("subnet bouncers negative", "spec.bouncers", subnet("s12"), func(o *v1.Subnet) { o.Spec.Bouncers = -2 }, subnets.Create, subnets.Get),
-		updateCase("subnet cidr immutable", "spec.cidr", "val-net", func(o *v1.Subnet) { o.Spec.CIDR = "10.30.1.0/25" }, subnets.Update, subnets.Get),
-		updateCase("subnet vpc immutable", "spec.vpc", "val-net", func(o *v1.Subnet) { o.Spec.VPC = "other" }, subnets.Update, subnets.Get),
+		updateCase("subnet cidr immutable", "spec.cidr", "val-net"+u, func(o *v1.Subnet) { o.Spec.CIDR = "10.30.1.0/25" }, subnets.Update, subnets.Get),
+		updateCase("subnet vpc immutable", "spec.vpc", "val-net"+u, func(o *v1.Subnet) { o.Spec.VPC = "other" }, subnets.Update, subnets.Get),
 
 		createCase("endpoint subnet missing", "spec.subnet", ep("e1"), func(o *v1.Endpoint) { o.Spec.Subnet = "" }, eps.Create, eps.Get),
 		createCase("endpoint subnet not found", "spec.subnet", ep("e2"), func(o *v1.Endpoint) { o.Spec.Subnet = "no-such-net" }, eps.Create, eps.Get),
@@ -153,14 +159,14 @@ func TestValidation(t *testing.T) {
 		createCase("endpoint interface too long", "spec.interface", ep("e11"), func(o *v1.Endpoint) { o.Spec.Interface = "a-very-long-ifname" }, eps.Create, eps.Get),
 		createCase("endpoint droplet missing", "spec.droplet", ep("e12"), func(o *v1.Endpoint) { o.Spec.Droplet = "" }, eps.Create, eps.Get),
 		createCase("endpoint pod bad name", "spec.pod", ep("e13"), func(o *v1.Endpoint) { o.Spec.Pod = "Pod A" }, eps.Create, eps.Get),
-		updateCase("endpoint ip immutable", "spec.ip", "val-ep", func(o *v1.Endpoint) { o.Spec.IP = "10.30.1.11" }, eps.Update, eps.Get),
-		updateCase("endpoint subnet immutable", "spec.subnet", "val-ep", func(o *v1.Endpoint) { o.Spec.Subnet = "other" }, eps.Update, eps.Get),
+		updateCase("endpoint ip immutable", "spec.ip", "val-ep"+u, func(o *v1.Endpoint) { o.Spec.IP = "10.30.1.11" }, eps.Update, eps.Get),
+		updateCase("endpoint subnet immutable", "spec.subnet", "val-ep"+u, func(o *v1.Endpoint) { o.Spec.Subnet = "other" }, eps.Update, eps.Get),
 
 		createCase("divider vpc missing", "spec.vpc", fixtures.Divider("d1", "", ""), func(o *v1.Divider) {}, dividers.Create, dividers.Get),
-		createCase("divider droplet bad name", "spec.droplet", fixtures.Divider("d2", "val-vpc", "Node_1"), func(o *v1.Divider) {}, dividers.Create, dividers.Get),
-		updateCase("divider vpc immutable", "spec.vpc", "val-div", func(o *v1.Divider) { o.Spec.VPC = "other" }, dividers.Update, dividers.Get),
+		createCase("divider droplet bad name", "spec.droplet", fixtures.Divider("d2", "val-vpc"+u, "Node_1"), func(o *v1.Divider) {}, dividers.Create, dividers.Get),
+		updateCase("divider vpc immutable", "spec.vpc", "val-div"+u, func(o *v1.Divider) { o.Spec.VPC = "other" }, dividers.Update, dividers.Get),
 		createCase("bouncer subnet missing", "spec.subnet", fixtures.Bouncer("b1", "", ""), func(o *v1.Bouncer) {}, bouncers.Create, bouncers.Get),
-		updateCase("bouncer subnet immutable", "spec.subnet", "val-bnc", func(o *v1.Bouncer) { o.Spec.Subnet = "other" }, bouncers.Update, bouncers.Get),
+		updateCase("bouncer subnet immutable", "spec.subnet", "val-bnc"+u, func(o *v1.Bouncer) { o.Spec.Subnet = "other" }, bouncers.Update, bouncers.Get),
 
 		createCase("droplet node missing", "spec.node", drop("p1"), func(o *v1.Droplet) { o.Spec.Node = "" }, droplets.Create, droplets.Get),
 		createCase("droplet ip invalid", "spec.ip", drop("p2"), func(o *v1.Droplet) { o.Spec.IP = "300.1.1.1" }, droplets.Create, droplets.Get),
@@ -168,10 +174,10 @@ func TestValidation(t *testing.T) {
 		createCase("droplet mac missing", "spec.mac", drop("p4"), func(o *v1.Droplet) { o.Spec.MAC = "" }, droplets.Create, droplets.Get),
 		createCase("droplet interface with slash", "spec.interface", drop("p5"), func(o *v1.Droplet) { o.Spec.Interface = "eth/0" }, droplets.Create, droplets.Get),
 
-		updateCase("status phase unknown", "status.phase", "val-vpc", func(o *v1.Vpc) { o.Status.Phase = "Running" }, vpcs.UpdateStatus, vpcs.Get),
-		updateCase("status observedGeneration ahead", "status.observedGeneration", "val-net", func(o *v1.Subnet) { o.Status.ObservedGeneration = 5 }, subnets.UpdateStatus, subnets.Get),
-		updateCase("status with a bad finalizer", "metadata.finalizers", "val-bnc", func(o *v1.Bouncer) { o.Finalizers = []string{"no slash"} }, bouncers.UpdateStatus, bouncers.Get),
-		updateCase("status condition status", "status.conditions[0].status", "val-drop", func(o *v1.Droplet) {
+		updateCase("status phase unknown", "status.phase", "val-vpc"+u, func(o *v1.Vpc) { o.Status.Phase = "Running" }, vpcs.UpdateStatus, vpcs.Get),
+		updateCase("status observedGeneration ahead", "status.observedGeneration", "val-net"+u, func(o *v1.Subnet) { o.Status.ObservedGeneration = 5 }, subnets.UpdateStatus, subnets.Get),
+		updateCase("status with a bad finalizer", "metadata.finalizers", "val-bnc"+u, func(o *v1.Bouncer) { o.Finalizers = []string{"no slash"} }, bouncers.UpdateStatus, bouncers.Get),
+		updateCase("status condition status", "status.conditions[0].status", "val-drop"+u, func(o *v1.Droplet) {
 			o.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: "Maybe", Reason: "Test", LastTransitionTime: metav1.Now()}}
 		}, droplets.UpdateStatus, droplets.Get),
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,11 +66,12 @@ func NewWithOptions(dataDir string, adjust func(*apiserver.Options), flags ...st
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}, flags...)
-	if !slices.Contains(flags, "--etcd-servers") {
-		// Only the embedded etcd has the flag (it is refused beside --etcd-servers).
+	args := []string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}
+	if !slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "--etcd-servers") }) {
+		// Only the embedded etcd has fsync to skip; the server refuses the flag otherwise.
 		args = append(args, "--embedded-etcd-unsafe-no-fsync")
 	}
+	args = append(args, flags...)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
