@@ -55,6 +55,8 @@ type Options struct {
 	// WrapStorage, when set, wraps each resource's storage (tests inject faults
 	// with it; no flag sets it).
 	WrapStorage StorageWrapper
+	// ClaimRepairPeriod overrides DefaultClaimRepairPeriod (tests; no flag sets it).
+	ClaimRepairPeriod time.Duration
 	// Broker configures the service broker (--broker-*).
 	Broker BrokerOptions
 
@@ -241,7 +243,7 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	server, err := (&Config{Generic: cfg, Claims: claims}).New()
+	server, err := (&Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}).New()
 	if err != nil {
 		return err
 	}

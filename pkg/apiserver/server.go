@@ -23,11 +23,14 @@ type Config struct {
 	Generic *genericapiserver.RecommendedConfig
 	// Claims keeps the values no two objects may share (VNIs, addresses, ...).
 	Claims *claim.Store
+	// ClaimRepairPeriod is how often orphaned claims are looked for
+	// (DefaultClaimRepairPeriod when 0).
+	ClaimRepairPeriod time.Duration
 }
 
-// claimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
+// DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
 // repairs its service IP and port allocations.
-const claimRepairPeriod = 3 * time.Minute
+const DefaultClaimRepairPeriod = 3 * time.Minute
 
 // Server is a mizar-apiserver ready to run.
 type Server struct {
@@ -63,7 +66,11 @@ func (c *Config) New() (*Server, error) {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
 	}
 	generic.AddPostStartHookOrDie("mizar-repair-claims", func(ctx genericapiserver.PostStartHookContext) error {
-		go registry.RepairLoop(ctx, repairers, claimRepairPeriod)
+		period := c.ClaimRepairPeriod
+		if period == 0 {
+			period = DefaultClaimRepairPeriod
+		}
+		go registry.RepairLoop(ctx, repairers, period)
 		return nil
 	})
 	brokerGroup, err := brokerrest.StorageProvider{Scheme: Scheme, Codecs: Codecs}.NewAPIGroupInfo(c.Generic.RESTOptionsGetter)

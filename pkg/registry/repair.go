@@ -4,7 +4,12 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
@@ -20,6 +25,21 @@ import (
 func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store) (int, error) {
 	c := k.Claims
 	r := &Reserver[T]{Claims: c.Store, self: self, keys: c.Keys}
+	// One list of the kind tells most live claims apart; only the rest are
+	// read one by one (consistently) before they are dropped.
+	list, err := self.List(genericapirequest.WithNamespace(ctx, metav1.NamespaceAll), &metainternalversion.ListOptions{})
+	if err != nil {
+		return 0, err
+	}
+	held := map[string]string{} // claim key -> owner UID
+	if err := meta.EachListItem(list, func(obj runtime.Object) error {
+		for _, key := range c.Keys(must[T](obj)) {
+			held[key.Key] = string(objectMeta(obj).GetUID())
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
 	now := time.Now()
 	dropped := 0
 	for _, p := range c.Prefixes {
@@ -28,7 +48,7 @@ func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store
 			return dropped, err
 		}
 		for _, h := range holders {
-			if h.Resource != k.Resource.Resource || h.Age(now) <= claim.OrphanGrace {
+			if h.Resource != k.Resource.Resource || h.Age(now) <= claim.OrphanGrace || held[h.Key] == h.UID {
 				continue
 			}
 			live, err := r.Live(ctx, h)

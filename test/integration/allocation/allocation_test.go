@@ -48,7 +48,10 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	server, err = apiservertest.NewWithOptions(dir, func(o *apiserver.Options) { o.WrapStorage = faults.wrap })
+	server, err = apiservertest.NewWithOptions(dir, func(o *apiserver.Options) {
+		o.WrapStorage = faults.wrap
+		o.ClaimRepairPeriod = 200 * time.Millisecond
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -438,6 +441,7 @@ func TestOrphanedClaims(t *testing.T) {
 		t.Fatal("no claim found for the first endpoint")
 	}
 	orphan := func(ip string, age time.Duration) {
+		t.Helper()
 		o := claim.Owner{Resource: "endpoints", Namespace: ns, Name: "never-stored-" + ip, UID: "gone", Time: time.Now().Add(-age)}
 		v, err := json.Marshal(o)
 		must(t, err)
@@ -460,5 +464,62 @@ func TestOrphanedClaims(t *testing.T) {
 	must(t, err)
 	if ep.Spec.IP != "10.95.1.5" {
 		t.Errorf("allocated %s, want 10.95.1.5 (.2 and .3 are held, .4 is claimed by a create in flight)", ep.Spec.IP)
+	}
+}
+
+// TestRepairDropsOrphans: the repair loop (every 200 ms here) drops an old claim
+// whose owner does not exist, and keeps an old claim whose owner holds it.
+func TestRepairDropsOrphans(t *testing.T) {
+	ctx := testContext(t)
+	c := client().NetworkingV1alpha1()
+	_, sn := network(t, ctx, "10.96.0.0/16", "10.96.1.0/24")
+	ns := unique(t, "repair")
+	_, err := c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "live", sn, "10.96.1.2"), metav1.CreateOptions{})
+	must(t, err)
+	etcdc, err := etcd.NewClient(storagebackend.TransportConfig{ServerList: []string{"unix://" + server.DataDir + "/etcd/client.sock"}})
+	must(t, err)
+	defer etcdc.Close()
+	resp, err := etcdc.Get(ctx, "/", clientv3.WithPrefix())
+	must(t, err)
+	var liveKey string
+	var live claim.Owner
+	for _, kv := range resp.Kvs {
+		if strings.HasSuffix(string(kv.Key), "claims/ip/"+sn+"/10.96.1.2") {
+			liveKey = string(kv.Key)
+			must(t, json.Unmarshal(kv.Value, &live))
+		}
+	}
+	if liveKey == "" {
+		t.Fatal("no claim found for the live endpoint")
+	}
+	old := time.Now().Add(-claim.OrphanGrace - time.Minute)
+	put := func(key string, o claim.Owner) {
+		t.Helper()
+		o.Time = old
+		v, err := json.Marshal(o)
+		must(t, err)
+		_, err = etcdc.Put(ctx, key, string(v))
+		must(t, err)
+	}
+	put(liveKey, live) // its owner holds it: kept however old
+	orphanKey := strings.TrimSuffix(liveKey, "10.96.1.2") + "10.96.1.9"
+	put(orphanKey, claim.Owner{Resource: "endpoints", Namespace: ns, Name: "never-stored", UID: "gone"})
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := etcdc.Get(ctx, orphanKey)
+		must(t, err)
+		if len(r.Kvs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the repair loop did not drop an orphaned claim within 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r, err := etcdc.Get(ctx, liveKey)
+	must(t, err)
+	if len(r.Kvs) == 0 {
+		t.Fatal("the repair loop dropped the claim of a live endpoint")
 	}
 }
