@@ -6,9 +6,11 @@
 #   ETCDCTL_ENDPOINTS=https://etcd:2379 ETCDCTL_CACERT=ca.crt \
 #   ETCDCTL_CERT=root.crt ETCDCTL_KEY=root.key artifacts/etcd/mizar-role.sh
 #
-# Prefixes: /registry/mizar/ holds the API objects (the apiserver's
-# --etcd-prefix), /mizar/locks/ the create locks. Keep them in step with
-# pkg/apiserver/options.go. The apiserver's periodic compaction needs no extra
+# Prefix: /mizar/ (the apiserver's --etcd-prefix, DefaultEtcdPrefix in
+# pkg/apiserver/options.go) holds everything: the API objects and, under
+# /mizar/claims/, the claims that keep allocated values unique. A mizar that
+# keeps serving an older release's /registry/mizar (--etcd-prefix) needs that
+# prefix granted instead. The apiserver's periodic compaction needs no extra
 # permission; a shared etcd usually leaves compaction to its operator: pass
 # --etcd-compaction-interval=0 then.
 set -o errexit -o nounset -o pipefail
@@ -17,8 +19,7 @@ USER=${MIZAR_ETCD_USER:-mizar-apiserver}
 ROLE=${MIZAR_ETCD_ROLE:-mizar}
 
 etcdctl role get "$ROLE" >/dev/null 2>&1 || etcdctl role add "$ROLE"
-etcdctl role grant-permission "$ROLE" --prefix=true readwrite /registry/mizar/
-etcdctl role grant-permission "$ROLE" --prefix=true readwrite /mizar/locks/
+etcdctl role grant-permission "$ROLE" --prefix=true readwrite /mizar/
 etcdctl user get "$USER" >/dev/null 2>&1 || etcdctl user add "$USER" --no-password
 etcdctl user grant-role "$USER" "$ROLE"
 etcdctl role get "$ROLE"

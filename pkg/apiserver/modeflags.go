@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"mizar.dev/pkg/apis/networking"
 )
@@ -79,6 +81,10 @@ func (o *Options) checkOldPrefix(ctx context.Context, c *clientv3.Client) error 
 	// Objects only: the old lock records already sat under /mizar/locks/.
 	count := func(prefix string) (int64, error) {
 		r, err := c.Get(ctx, prefix+"/"+networking.GroupName+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if errors.Is(err, rpctypes.ErrPermissionDenied) {
+			// An etcd role limited to the new prefix (artifacts/etcd): nothing old to serve.
+			return 0, nil
+		}
 		if err != nil {
 			return 0, fmt.Errorf("looking for objects under %s in etcd: %w", prefix, err)
 		}
