@@ -37,6 +37,28 @@ static __always_inline void self_mac(__u8 *dst)
 		dst[i] = host.mac[i];
 }
 
+/* The next hop toward underlay address dst from the kernel FIB (for hops
+ * given without a MAC: not on this host's L2 segment). Fills the MACs and
+ * the egress interface; returns the BPF_FIB_LKUP_RET_* code. ctx is the
+ * program's context (xdp_md or __sk_buff). */
+static __always_inline int fib_next_hop(void *ctx, __u32 dst, __u8 *dmac, __u8 *smac, __u32 *oif)
+{
+	struct bpf_fib_lookup fib = {
+		.family = 2 /* AF_INET */,
+		.ifindex = host.underlay_ifindex,
+		.ipv4_src = self_ip(),
+		.ipv4_dst = dst,
+	};
+	int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		copy_mac(dmac, fib.dmac);
+		copy_mac(smac, fib.smac);
+		*oif = fib.ifindex;
+	}
+	return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Underlay (XDP): Geneve addressed to this host.                           */
 /* ------------------------------------------------------------------------ */
@@ -205,21 +227,12 @@ int mizar_underlay(struct xdp_md *ctx)
 			/* Not an L2 neighbour: the kernel FIB names the next
 			 * hop (a router) and its MAC. XDP cannot wait for ARP;
 			 * the host's own traffic keeps its router resolved. */
-			struct bpf_fib_lookup fib = {
-				.family = 2 /* AF_INET */,
-				.ifindex = host.underlay_ifindex,
-				.ipv4_src = self,
-				.ipv4_dst = load_u32(r.next.ip),
-			};
-			int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+			int rc = fib_next_hop(ctx, load_u32(r.next.ip), eth->h_dest, eth->h_source, &out_ifindex);
 
 			if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 				return ul_drop(UL_DROP_NO_NEIGH);
 			if (rc != BPF_FIB_LKUP_RET_SUCCESS)
 				return ul_drop(UL_DROP_NO_ROUTE);
-			copy_mac(eth->h_dest, fib.dmac);
-			copy_mac(eth->h_source, fib.smac);
-			out_ifindex = fib.ifindex;
 		} else {
 			copy_mac(eth->h_dest, r.next.mac);
 			self_mac(eth->h_source);
@@ -424,6 +437,19 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
 {
 	struct geneve_encap_opt h = {};
+	__u32 oif = host.underlay_ifindex;
+	int via_neigh = 0;
+
+	/* Not an L2 neighbour (zero MAC): the kernel FIB gives the next hop's
+	 * MACs. Until it has resolved them the kernel does the routing and
+	 * the ARP itself (bpf_redirect_neigh, which queues the packet). */
+	if (mac_is_zero(r->next.mac)) {
+		via_neigh = fib_next_hop(skb, load_u32(r->next.ip), h.eth.h_dest, h.eth.h_source, &oif) !=
+			    BPF_FIB_LKUP_RET_SUCCESS;
+	} else {
+		copy_mac(h.eth.h_dest, r->next.mac);
+		self_mac(h.eth.h_source);
+	}
 	const __u32 hlen = with_opt ? sizeof(struct geneve_encap_opt) : sizeof(struct geneve_encap);
 	/* Without the option the inner Ethernet header sits where it starts. */
 	struct ethhdr *inner = with_opt ? &h.inner : (struct ethhdr *)&h.opt;
@@ -461,8 +487,6 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	ip.daddr = load_u32(r->next.ip);
 	ip.check = ipv4_csum(&ip);
 
-	copy_mac(h.eth.h_dest, r->next.mac);
-	self_mac(h.eth.h_source);
 	h.eth.h_proto = bpf_htons(ETH_P_IP);
 	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
 	h.udp.source = bpf_htons(sport);
@@ -483,12 +507,9 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 
 	if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
 		return pod_drop(POD_DROP_ENCAP);
-	/* Not an L2 neighbour (zero MAC): the kernel routes the outer
-	 * header, resolving the next hop's MAC (queueing the packet while it
-	 * ARPs) and writing both MACs. */
-	if (mac_is_zero(r->next.mac))
+	if (via_neigh)
 		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
-	return pod_redirected(bpf_redirect(host.underlay_ifindex, 0), done);
+	return pod_redirected(bpf_redirect(oif, 0), done);
 }
 
 SEC("tc")
