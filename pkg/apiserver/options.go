@@ -47,6 +47,8 @@ type Options struct {
 	AlternateDNS []string
 	// EtcdUnsafeNoFsync makes the embedded etcd skip fsync; for tests only.
 	EtcdUnsafeNoFsync bool
+	// Operators runs the cluster-wide operators in this process (leader-elected).
+	Operators bool
 }
 
 // NewOptions returns the defaults.
@@ -54,6 +56,7 @@ func NewOptions() *Options {
 	o := &Options{
 		Recommended: genericoptions.NewRecommendedOptions(etcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
+		Operators:   true,
 	}
 	o.Recommended.Etcd.StorageConfig.EncodeVersioner = StorageVersions
 	o.Recommended.SecureServing.BindPort = defaultPort
@@ -74,6 +77,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Extra DNS names for a self-signed serving certificate, e.g. mizar-apiserver.mizar-system.svc.")
 	fs.BoolVar(&o.EtcdUnsafeNoFsync, "embedded-etcd-unsafe-no-fsync", false, "Skip fsync in the embedded etcd. Loses data on a crash; for tests only.")
 	_ = fs.MarkHidden("embedded-etcd-unsafe-no-fsync")
+	fs.BoolVar(&o.Operators, "operators", o.Operators,
+		"Run the operators (VPC, Subnet, Endpoint, Divider, Bouncer, Droplet placement) in this process; replicas elect one leader through etcd.")
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -134,10 +139,16 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	server, err := (&Config{Generic: cfg, Locker: locker}).New()
+	serverCfg := &Config{Generic: cfg, Locker: locker}
+	if o.Operators {
+		serverCfg.Operators = client
+	}
+	server, err := serverCfg.New()
 	if err != nil {
 		return err
 	}
+	// The operators use the etcd client closed by the cleanups: wait for them first.
+	defer server.WaitOperators()
 	if standalone != nil {
 		addr := cfg.SecureServing.Listener.Addr().String()
 		// Written once the server listens, so a client that finds it can connect.

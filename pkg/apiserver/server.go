@@ -5,11 +5,14 @@ package apiserver
 
 import (
 	"fmt"
+	"sync/atomic"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
+	"mizar.dev/pkg/operators"
 	"mizar.dev/pkg/registry"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
 )
@@ -19,11 +22,23 @@ type Config struct {
 	Generic *genericapiserver.RecommendedConfig
 	// Locker serializes creates whose validity depends on other objects.
 	Locker registry.Locker
+	// Operators, when set, runs mizar's operators (leader-elected through this
+	// etcd client) once the server serves.
+	Operators *clientv3.Client
 }
 
 // Server is a mizar-apiserver ready to run.
 type Server struct {
 	GenericAPIServer *genericapiserver.GenericAPIServer
+	operatorsStarted atomic.Bool
+	operatorsDone    chan struct{}
+}
+
+// WaitOperators returns once the operators, if they were started, have stopped.
+func (s *Server) WaitOperators() {
+	if s.operatorsStarted.Load() {
+		<-s.operatorsDone
+	}
 }
 
 // NewRecommendedConfig returns the generic configuration with mizar's OpenAPI
@@ -54,5 +69,16 @@ func (c *Config) New() (*Server, error) {
 	if err := generic.InstallAPIGroups(networking); err != nil {
 		return nil, fmt.Errorf("installing API groups: %w", err)
 	}
-	return &Server{GenericAPIServer: generic}, nil
+	s := &Server{GenericAPIServer: generic, operatorsDone: make(chan struct{})}
+	if etcd := c.Operators; etcd != nil {
+		generic.AddPostStartHookOrDie("mizar-operators", func(hook genericapiserver.PostStartHookContext) error {
+			s.operatorsStarted.Store(true)
+			go func() {
+				defer close(s.operatorsDone)
+				_ = operators.Run(hook, operators.Options{Config: hook.LoopbackClientConfig, Etcd: etcd})
+			}()
+			return nil
+		})
+	}
+	return s, nil
 }
