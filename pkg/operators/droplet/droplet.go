@@ -120,23 +120,26 @@ func (o *DropletOperator) Reconcile(ctx context.Context, key string) error {
 			return false
 		})
 		c := o.client.NetworkingV1alpha1().Dividers()
-		if target != "" {
-			d = d.DeepCopy()
-			d.Spec.Droplet = target
-			if d, err = c.Update(ctx, d, metav1.UpdateOptions{}); err != nil {
-				return placeErr(err, key)
-			}
-			o.assume(key, target)
-		}
+		// Status first: the divider reads Init before it names its new droplet.
 		st := d.Status.DeepCopy()
 		resetStatus(&st.ProvisioningStatus, d.Generation, cond, target != "")
-		if reconcile.SameProvisioning(&d.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+		if !reconcile.SameProvisioning(&d.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+			d = d.DeepCopy()
+			d.Status = *st
+			if d, err = c.UpdateStatus(ctx, d, metav1.UpdateOptions{}); err != nil {
+				return placeErr(err, key)
+			}
+		}
+		if target == "" {
 			return nil
 		}
 		d = d.DeepCopy()
-		d.Status = *st
-		_, err = c.UpdateStatus(ctx, d, metav1.UpdateOptions{})
-		return placeErr(err, key)
+		d.Spec.Droplet = target
+		if _, err = c.Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+			return placeErr(err, key)
+		}
+		o.assume(key, target)
+		return nil
 	case strings.HasPrefix(key, bouncerKey):
 		obj, ok, err := o.bouncers.GetIndexer().GetByKey(strings.TrimPrefix(key, bouncerKey))
 		if err != nil || !ok {
@@ -155,27 +158,30 @@ func (o *DropletOperator) Reconcile(ctx context.Context, key string) error {
 			return false
 		})
 		c := o.client.NetworkingV1alpha1().Bouncers()
-		if target != "" {
-			b = b.DeepCopy()
-			b.Spec.Droplet = target
-			if b, err = c.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
-				return placeErr(err, key)
-			}
-			o.assume(key, target)
-		}
+		// Status first: the bouncer reads Init, with no watermark of the old
+		// droplet's agent, before it names its new droplet.
 		st := b.Status.DeepCopy()
 		resetStatus(&st.ProvisioningStatus, b.Generation, cond, target != "")
 		if target != "" {
-			// What the old droplet's agent applied says nothing about the new one.
 			st.AppliedResourceVersion = ""
 		}
-		if reconcile.SameProvisioning(&b.Status.ProvisioningStatus, &st.ProvisioningStatus) && st.AppliedResourceVersion == b.Status.AppliedResourceVersion {
+		if !reconcile.SameProvisioning(&b.Status.ProvisioningStatus, &st.ProvisioningStatus) || st.AppliedResourceVersion != b.Status.AppliedResourceVersion {
+			b = b.DeepCopy()
+			b.Status = *st
+			if b, err = c.UpdateStatus(ctx, b, metav1.UpdateOptions{}); err != nil {
+				return placeErr(err, key)
+			}
+		}
+		if target == "" {
 			return nil
 		}
 		b = b.DeepCopy()
-		b.Status = *st
-		_, err = c.UpdateStatus(ctx, b, metav1.UpdateOptions{})
-		return placeErr(err, key)
+		b.Spec.Droplet = target
+		if _, err = c.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+			return placeErr(err, key)
+		}
+		o.assume(key, target)
+		return nil
 	}
 	return fmt.Errorf("unknown key %q", key)
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -207,12 +206,13 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 				"applied by its host and every bouncer of its subnet")
 			break
 		}
-		reason := ReasonWaiting
+		// The message names no agent: a write whenever another one catches up
+		// would move the endpoint's resourceVersion past every watermark again.
+		reason, msg := ReasonWaiting, fmt.Sprintf("waiting for droplet %s and the bouncers of subnet %s to apply it", ep.Spec.Droplet, ep.Spec.Subnet)
 		if waiting[0] == noBouncer {
-			reason = ReasonNoBouncer
+			reason, msg = ReasonNoBouncer, fmt.Sprintf("subnet %s has no Provisioned bouncer yet", ep.Spec.Subnet)
 		}
-		reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, reason,
-			"waiting for "+strings.Join(waiting, "; "))
+		reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, reason, msg)
 	}
 	if reconcile.SameProvisioning(&ep.Status.ProvisioningStatus, &st.ProvisioningStatus) {
 		return nil
