@@ -12,7 +12,6 @@ import (
 	"mizar.dev/pkg/operators/subnet"
 )
 
-
 func TestCreateAndDeleteWorkflows(t *testing.T) {
 	ctx := testContext(t)
 	srv := startServer(t)
