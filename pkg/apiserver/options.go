@@ -207,14 +207,15 @@ func (o *Options) configureStandalone() (*standalonePKI, error) {
 	return p, nil
 }
 
-// standaloneAuthorizer lets system:masters (the admin kubeconfig) do anything and
-// anyone reach the health endpoints; everything else is forbidden.
+// standaloneAuthorizer lets system:masters (the admin kubeconfig) do anything,
+// node agents (droplet identities) what agents do, and anyone reach the health
+// endpoints; everything else is forbidden.
 func standaloneAuthorizer() (authorizer.Authorizer, error) {
 	health, err := path.NewAuthorizer([]string{"/healthz", "/livez", "/readyz"})
 	if err != nil {
 		return nil, fmt.Errorf("standalone authorizer: %w", err)
 	}
-	return union.New(health, authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup)), nil
+	return union.New(health, authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup), dropletAuthorizer{}), nil
 }
 
 // configureAggregated completes the options for serving behind kube-apiserver.

@@ -8,9 +8,11 @@ import (
 	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
+	"mizar.dev/pkg/admission/dropletrestriction"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/operators"
 	"mizar.dev/pkg/registry"
@@ -57,6 +59,12 @@ func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 
 // New builds the server and installs its API groups.
 func (c *Config) New() (*Server, error) {
+	// Node agents write only their own droplet's objects, whoever authorized them.
+	if c.Generic.AdmissionControl == nil {
+		c.Generic.AdmissionControl = dropletrestriction.New()
+	} else {
+		c.Generic.AdmissionControl = admission.NewChainHandler(c.Generic.AdmissionControl, dropletrestriction.New())
+	}
 	generic, err := c.Generic.Complete().New("mizar-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)

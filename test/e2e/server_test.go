@@ -42,7 +42,9 @@ func startServer(dataDir string) (*server, error) {
 	if err := os.Remove(s.kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing the previous kubeconfig: %w", err)
 	}
-	s.cmd = exec.Command(apiserverBin, "--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync")
+	s.cmd = exec.Command(apiserverBin, "--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync",
+		// These tests write phases and placements by hand; operators would race them.
+		"--operators=false")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	dieWithTest(s.cmd)
 	if err := s.cmd.Start(); err != nil {

@@ -73,7 +73,7 @@ func startAgent(t testing.TB, client versioned.Interface, name string, n int) *r
 }
 
 func startServer(t testing.TB, flags ...string) *apiservertest.Server {
-	return apiservertest.Start(t, t.TempDir(), flags...)
+	return apiservertest.Start(t, t.TempDir(), append([]string{"--operators=true"}, flags...)...)
 }
 
 // eventually polls cond (test code only: the system under test never polls).

@@ -52,7 +52,9 @@ func New(dataDir string, flags ...string) (*Server, error) {
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync"}, flags...)
+	// Operators are off unless a test asks for them (--operators=true): storage
+	// tests write phases and placements by hand and must not race them.
+	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync", "--operators=false"}, flags...)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
