@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -95,7 +96,14 @@ func (l *Loop) next(ctx context.Context) bool {
 		return false
 	}
 	defer l.Queue.Done(key)
-	if err := l.sync(ctx, key); err != nil {
+	err := l.sync(ctx, key)
+	if apierrors.IsConflict(err) {
+		// The cache was behind: the newer version's watch event queues the key
+		// again, so waiting out a rate limit would only add latency.
+		l.Queue.Forget(key)
+		return true
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			utilruntime.HandleError(fmt.Errorf("%s: reconciling %q: %w", l.Name, key, err))
 		}
