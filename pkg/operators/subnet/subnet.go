@@ -27,6 +27,7 @@ const (
 	ConditionVpcReady      = "VpcReady"
 	ConditionBouncersReady = "BouncersReady"
 	ConditionDeleting      = "Deleting"
+	ConditionAddresses     = "AddressesAvailable"
 
 	ReasonVpcNotFound       = "VpcNotFound"
 	ReasonVpcNotProvisioned = "VpcNotProvisioned"
@@ -37,6 +38,8 @@ const (
 	ReasonWaiting           = "BouncersNotProvisioned"
 	ReasonEndpointsRemain   = "EndpointsRemain"
 	ReasonDraining          = "DrainingBouncers"
+	ReasonExhausted         = "SubnetExhausted"
+	ReasonFree              = "AddressesFree"
 )
 
 // SubnetOperator is the one writer of a subnet's phase.
@@ -82,8 +85,9 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 	})); err != nil {
 		return nil, err
 	}
-	// Only an endpoint going away matters here (a deleting subnet waits for it).
+	// Endpoints coming and going: address use, and a deleting subnet waits for them.
 	if _, err := o.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
@@ -135,6 +139,16 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 	st.ObservedGeneration = s.Generation
 	if st.Phase == "" {
 		st.Phase = v1alpha1.PhaseInit
+	}
+
+	// Address use: a full subnet refuses new endpoints, and says so here too.
+	if free, ok := freeAddresses(s, len(reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name))); ok {
+		if free > 0 {
+			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, true, ReasonFree, "the subnet has free addresses")
+		} else {
+			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, false, ReasonExhausted,
+				fmt.Sprintf("every address of %s is in use: new endpoints are refused; delete unused endpoints or add a subnet", s.Spec.CIDR))
+		}
 	}
 
 	// The VPC must be there and serving before the subnet's bouncers are worth creating.
@@ -301,4 +315,14 @@ func phaseOf(p v1alpha1.Phase) string {
 		return "new"
 	}
 	return string(p)
+}
+
+// freeAddresses is how many host addresses of the subnet no endpoint uses: all
+// but the network, broadcast and gateway addresses.
+func freeAddresses(s *v1alpha1.Subnet, used int) (int, bool) {
+	p, err := netip.ParsePrefix(s.Spec.CIDR)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return 0, false
+	}
+	return (1 << (32 - p.Bits())) - 3 - used, true
 }
