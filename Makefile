@@ -9,7 +9,7 @@ GO ?= go
 BIN := _output/bin
 export MIZAR_APISERVER := $(abspath $(BIN)/mizar-apiserver)
 
-.PHONY: all build test deps up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver
+.PHONY: all build test deps up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver bench-workflow
 
 all: build
 
@@ -51,10 +51,15 @@ verify-deps:
 verify-codegen:
 	hack/verify-codegen.sh
 
-bench: bench-apiserver bench-dataplane
+bench: bench-apiserver bench-workflow bench-dataplane
 
 # The in-process server's klog lines are filtered out so the benchmark lines stand alone.
 bench-apiserver:
 	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 10s -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} '
+
+# Endpoint Init->Provisioned at 10/100/1000 in-process agents; sizes and endpoint
+# count via MIZAR_WF_BENCH_DROPLETS / MIZAR_WF_BENCH_ENDPOINTS.
+bench-workflow:
+	$(GO) test ./test/workflow -run '^$$' -bench . -benchtime 1x -timeout 30m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
 
 include hack/dataplane.mk

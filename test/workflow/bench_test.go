@@ -51,11 +51,23 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Dura
 	for i := range droplets {
 		agents[i] = startAgent(b, srv.Client, fmt.Sprintf("%s-node%d", p, i), i)
 	}
-	vpc, err := c.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: p}, Spec: v1alpha1.VpcSpec{CIDR: "10.0.0.0/8"}}, metav1.CreateOptions{})
-	if err != nil {
-		b.Fatal(err)
+	// Retried: under the load of a thousand registering agents the create lock's
+	// etcd lease can lapse (the allocation rewrite replaces that lock).
+	var vpc *v1alpha1.Vpc
+	var sub *v1alpha1.Subnet
+	var err error
+	for range 5 {
+		if vpc == nil {
+			vpc, err = c.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: p}, Spec: v1alpha1.VpcSpec{CIDR: "10.0.0.0/8"}}, metav1.CreateOptions{})
+		}
+		if vpc != nil {
+			sub, err = c.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: p + "-a"}, Spec: v1alpha1.SubnetSpec{VPC: p, CIDR: "10.0.0.0/16", Bouncers: 2}}, metav1.CreateOptions{})
+			if err == nil {
+				break
+			}
+		}
+		b.Logf("creating the VPC and subnet: %v; retrying", err)
 	}
-	sub, err := c.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: p + "-a"}, Spec: v1alpha1.SubnetSpec{VPC: vpc.Name, CIDR: "10.0.0.0/16", Bouncers: 2}}, metav1.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
