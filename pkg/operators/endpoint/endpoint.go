@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -182,7 +183,6 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	}
 
 	st := ep.Status.DeepCopy()
-	st.ObservedGeneration = ep.Generation
 	if st.Phase == "" {
 		st.Phase = v1alpha1.PhaseInit
 	}
@@ -208,15 +208,22 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 		// The message names no agent: a write whenever another one catches up
 		// would move the endpoint's resourceVersion past every watermark again.
-		reason, msg := ReasonWaiting, fmt.Sprintf("waiting for droplet %s and the bouncers of subnet %s to apply it", ep.Spec.Droplet, ep.Spec.Subnet)
 		if waiting[0] == noBouncer {
-			reason, msg = ReasonNoBouncer, fmt.Sprintf("subnet %s has no Provisioned bouncer yet", ep.Spec.Subnet)
+			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, ReasonNoBouncer,
+				fmt.Sprintf("subnet %s has no Provisioned bouncer yet", ep.Spec.Subnet))
+			break
 		}
-		reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, reason, msg)
+		// The ordinary wait writes nothing (every write would move the endpoint
+		// past the watermarks once more) unless an older condition must be replaced.
+		if condition := meta.FindStatusCondition(st.Conditions, ConditionApplied); condition != nil {
+			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, ReasonWaiting,
+				fmt.Sprintf("waiting for droplet %s and the bouncers of subnet %s to apply it", ep.Spec.Droplet, ep.Spec.Subnet))
+		}
 	}
 	if reconcile.SameProvisioning(&ep.Status.ProvisioningStatus, &st.ProvisioningStatus) {
 		return nil
 	}
+	st.ObservedGeneration = ep.Generation
 	ep = ep.DeepCopy()
 	ep.Status = *st
 	if _, err := c.UpdateStatus(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
