@@ -99,9 +99,20 @@ func lead(ctx context.Context, o Options) error {
 	}()
 	if o.OnLeading != nil {
 		o.OnLeading(true)
-		defer o.OnLeading(false)
 	}
+	// Acting stops the moment leadCtx ends: every request the operators make
+	// carries it. Waiting for their goroutines to wind down comes after.
+	stopped := make(chan struct{})
+	go func() {
+		<-leadCtx.Done()
+		if o.OnLeading != nil {
+			o.OnLeading(false)
+		}
+		close(stopped)
+	}()
 	err = runOperators(leadCtx, o)
+	cancel()
+	<-stopped
 	resignCtx, done := context.WithTimeout(context.Background(), 2*time.Second)
 	defer done()
 	_ = election.Resign(resignCtx)

@@ -54,7 +54,7 @@ func TestLeaderFailover(t *testing.T) {
 		go func() {
 			defer close(r.done)
 			_ = operators.Run(rctx, operators.Options{
-				Config: srv.Config, Etcd: client, Identity: name, LeaseTTL: 2,
+				Config: srv.Config, Etcd: client, Identity: name, LeaseTTL: 3,
 				OnLeading: func(l bool) {
 					mu.Lock()
 					defer mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -45,7 +46,15 @@ type EndpointOperator struct {
 	subnets   listers.SubnetLister
 	bouncers  cache.SharedIndexInformer
 	loop      *reconcile.Loop
+
+	// finalized remembers, per endpoint, the resourceVersion before and after the
+	// operator added its finalizer: agents need not acknowledge that change, so
+	// while the endpoint is unchanged since, the earlier version is the one to
+	// wait for. Lost on restart, which only makes the wait one round longer.
+	finalized sync.Map // key -> rvPair
 }
+
+type rvPair struct{ before, after string }
 
 // pending reports whether an endpoint still waits for acknowledgements.
 func pending(ep *v1alpha1.Endpoint) bool {
@@ -148,6 +157,7 @@ func Applied(watermark, rv string) bool {
 func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	obj, ok, err := o.endpoints.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
+		o.finalized.Delete(key)
 		return err
 	}
 	ep := obj.(*v1alpha1.Endpoint)
@@ -164,7 +174,8 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 		// The endpoint leaves its host and bouncers before it goes: the update that
 		// set deletionTimestamp is in their streams, so their watermarks pass it.
-		if waiting := o.notApplied(ep, droplet, hostGone, true); len(waiting) > 0 {
+		o.finalized.Delete(key)
+		if waiting := o.notApplied(ep, ep.ResourceVersion, droplet, hostGone, true); len(waiting) > 0 {
 			return nil // a watermark moving re-queues this endpoint
 		}
 		ep = ep.DeepCopy()
@@ -175,11 +186,17 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return nil
 	}
 	if !reconcile.HasFinalizer(ep) {
+		before := ep.ResourceVersion
 		ep = ep.DeepCopy()
 		ep.Finalizers = append(ep.Finalizers, reconcile.Finalizer)
 		if ep, err = c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("adding the finalizer: %w", err)
 		}
+		o.finalized.Store(key, rvPair{before: before, after: ep.ResourceVersion})
+	}
+	need := ep.ResourceVersion
+	if p, ok := o.finalized.Load(key); ok && p.(rvPair).after == need {
+		need = p.(rvPair).before
 	}
 
 	st := ep.Status.DeepCopy()
@@ -199,7 +216,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 				fmt.Sprintf("subnet %s does not exist: create it or delete this endpoint", ep.Spec.Subnet))
 			break
 		}
-		waiting := o.notApplied(ep, droplet, false, false)
+		waiting := o.notApplied(ep, need, droplet, false, false)
 		if len(waiting) == 0 {
 			st.Phase = v1alpha1.PhaseProvisioned
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, true, ReasonApplied,
@@ -224,6 +241,9 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return nil
 	}
 	st.ObservedGeneration = ep.Generation
+	if st.Phase != v1alpha1.PhaseInit {
+		o.finalized.Delete(key)
+	}
 	ep = ep.DeepCopy()
 	ep.Status = *st
 	if _, err := c.UpdateStatus(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -236,9 +256,9 @@ const noBouncer = "a Provisioned bouncer of the subnet"
 
 // notApplied lists who has not yet applied the endpoint's current version. On
 // deletion, agents that are gone or never started cannot hold it back.
-func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.Droplet, hostGone, deleting bool) []string {
+func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, rv string, droplet *v1alpha1.Droplet, hostGone, deleting bool) []string {
 	var waiting []string
-	if !hostGone && !Applied(droplet.Status.AppliedResourceVersion, ep.ResourceVersion) {
+	if !hostGone && !Applied(droplet.Status.AppliedResourceVersion, rv) {
 		waiting = append(waiting, "the agent of droplet "+ep.Spec.Droplet)
 	}
 	live := 0
@@ -254,7 +274,7 @@ func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.D
 			continue
 		}
 		live++
-		if !Applied(b.Status.AppliedResourceVersion, ep.ResourceVersion) {
+		if !Applied(b.Status.AppliedResourceVersion, rv) {
 			waiting = append(waiting, "bouncer "+b.Name+" on droplet "+b.Spec.Droplet)
 		}
 	}
