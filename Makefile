@@ -14,7 +14,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow
 
 all: build
 
@@ -80,7 +80,7 @@ verify-deps:
 verify-codegen:
 	hack/verify-codegen.sh
 
-bench: bench-apiserver bench-dataplane
+bench: bench-apiserver bench-workflow bench-dataplane
 
 # Droplet creates direct, through the aggregator, and of an equivalent CRD (one run; ratios in the log).
 bench-aggregated: kube-binaries build
@@ -89,5 +89,10 @@ bench-aggregated: kube-binaries build
 # The in-process server's klog lines are filtered out so the benchmark lines stand alone.
 bench-apiserver:
 	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 10s -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} '
+
+# Endpoint Init->Provisioned at 10/100/1000 in-process agents; sizes and endpoint
+# count via MIZAR_WF_BENCH_DROPLETS / MIZAR_WF_BENCH_ENDPOINTS.
+bench-workflow:
+	$(GO) test ./test/workflow -run '^$$' -bench . -benchtime 1x -timeout 30m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
 
 include hack/dataplane.mk

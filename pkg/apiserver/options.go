@@ -57,6 +57,8 @@ type Options struct {
 	WrapStorage StorageWrapper
 	// ClaimRepairPeriod overrides DefaultClaimRepairPeriod (tests; no flag sets it).
 	ClaimRepairPeriod time.Duration
+	// Operators runs the cluster-wide operators in this process (leader-elected).
+	Operators bool
 	// Broker configures the service broker (--broker-*).
 	Broker BrokerOptions
 
@@ -71,7 +73,7 @@ type Options struct {
 // locks, claims): --etcd-prefix, DefaultEtcdPrefix unless set.
 func (o *Options) EtcdPrefix() string { return o.Recommended.Etcd.StorageConfig.Prefix }
 
-// etcdSubPrefix is the prefix of one kind of mizar's own records, e.g. "locks".
+// etcdSubPrefix is the prefix of one kind of mizar's own records, e.g. "claims".
 func (o *Options) etcdSubPrefix(name string) string {
 	return strings.TrimSuffix(o.EtcdPrefix(), "/") + "/" + name + "/"
 }
@@ -130,6 +132,7 @@ func NewOptions() *Options {
 	o := &Options{
 		Recommended: genericoptions.NewRecommendedOptions(DefaultEtcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
+		Operators:   true,
 		// Watches end at once on SIGTERM (with 2 s for the rate-limited drain), so
 		// a stop takes seconds, not the HTTP server's 60 s shutdown timeout.
 		Shutdown: ShutdownOptions{WatchTerminationGracePeriod: 2 * time.Second},
@@ -164,6 +167,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.EtcdUnsafeNoFsync, "embedded-etcd-unsafe-no-fsync", false, "Skip fsync in the embedded etcd. Loses data on a crash; for tests only.")
 	_ = fs.MarkHidden("embedded-etcd-unsafe-no-fsync")
 	o.Broker.AddFlags(fs)
+	fs.BoolVar(&o.Operators, "operators", o.Operators,
+		"Run the operators (VPC, Subnet, Endpoint, Divider, Bouncer, Droplet placement) in this process; replicas elect one leader through etcd.")
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -243,10 +248,16 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	server, err := (&Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}).New()
+	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}
+	if o.Operators {
+		serverCfg.Operators = client
+	}
+	server, err := serverCfg.New()
 	if err != nil {
 		return err
 	}
+	// The operators use the etcd client closed by the cleanups: wait for them first.
+	defer server.WaitOperators()
 	if o.Broker.Fulfillment {
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
 			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig)
@@ -318,14 +329,15 @@ func (o *Options) configureStandalone() (*standalonePKI, error) {
 	return p, nil
 }
 
-// standaloneAuthorizer lets system:masters (the admin kubeconfig) do anything and
-// anyone reach the health endpoints; everything else is forbidden.
+// standaloneAuthorizer lets system:masters (the admin kubeconfig) do anything,
+// node agents (droplet identities) what agents do, and anyone reach the health
+// endpoints; everything else is forbidden.
 func standaloneAuthorizer() (authorizer.Authorizer, error) {
 	health, err := path.NewAuthorizer([]string{"/healthz", "/livez", "/readyz"})
 	if err != nil {
 		return nil, fmt.Errorf("standalone authorizer: %w", err)
 	}
-	return union.New(health, authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup)), nil
+	return union.New(health, authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup), dropletAuthorizer{}), nil
 }
 
 // configureAggregated completes the options for serving behind kube-apiserver.

@@ -6,13 +6,18 @@ package apiserver
 import (
 	"fmt"
 	"time"
+	"sync/atomic"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
+	"mizar.dev/pkg/admission/dropletrestriction"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
+	"mizar.dev/pkg/operators"
 	"mizar.dev/pkg/registry"
 	brokerrest "mizar.dev/pkg/registry/broker/rest"
 	networkingrest "mizar.dev/pkg/registry/networking/rest"
@@ -26,6 +31,9 @@ type Config struct {
 	// ClaimRepairPeriod is how often orphaned claims are looked for
 	// (DefaultClaimRepairPeriod when 0).
 	ClaimRepairPeriod time.Duration
+	// Operators, when set, runs mizar's operators (leader-elected through this
+	// etcd client) once the server serves.
+	Operators *clientv3.Client
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -35,6 +43,15 @@ const DefaultClaimRepairPeriod = 3 * time.Minute
 // Server is a mizar-apiserver ready to run.
 type Server struct {
 	GenericAPIServer *genericapiserver.GenericAPIServer
+	operatorsStarted atomic.Bool
+	operatorsDone    chan struct{}
+}
+
+// WaitOperators returns once the operators, if they were started, have stopped.
+func (s *Server) WaitOperators() {
+	if s.operatorsStarted.Load() {
+		<-s.operatorsDone
+	}
 }
 
 // NewRecommendedConfig returns the generic configuration with mizar's OpenAPI
@@ -56,6 +73,12 @@ func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 
 // New builds the server and installs its API groups.
 func (c *Config) New() (*Server, error) {
+	// Node agents write only their own droplet's objects, whoever authorized them.
+	if c.Generic.AdmissionControl == nil {
+		c.Generic.AdmissionControl = dropletrestriction.New()
+	} else {
+		c.Generic.AdmissionControl = admission.NewChainHandler(c.Generic.AdmissionControl, dropletrestriction.New())
+	}
 	generic, err := c.Generic.Complete().New("mizar-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)
@@ -80,5 +103,16 @@ func (c *Config) New() (*Server, error) {
 	if err := generic.InstallAPIGroups(networking, brokerGroup); err != nil {
 		return nil, fmt.Errorf("installing API groups: %w", err)
 	}
-	return &Server{GenericAPIServer: generic}, nil
+	s := &Server{GenericAPIServer: generic, operatorsDone: make(chan struct{})}
+	if etcd := c.Operators; etcd != nil {
+		generic.AddPostStartHookOrDie("mizar-operators", func(hook genericapiserver.PostStartHookContext) error {
+			s.operatorsStarted.Store(true)
+			go func() {
+				defer close(s.operatorsDone)
+				_ = operators.Run(hook, operators.Options{Config: hook.LoopbackClientConfig, Etcd: etcd})
+			}()
+			return nil
+		})
+	}
+	return s, nil
 }

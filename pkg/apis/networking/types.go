@@ -138,6 +138,9 @@ type BouncerSpec struct {
 
 type BouncerStatus struct {
 	ProvisioningStatus
+	// AppliedResourceVersion is the resourceVersion up to which the bouncer's agent
+	// has applied the endpoints of the bouncer's subnet.
+	AppliedResourceVersion string
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -205,6 +208,9 @@ type DropletSpec struct {
 
 type DropletStatus struct {
 	ProvisioningStatus
+	// AppliedResourceVersion is the resourceVersion up to which the droplet's agent
+	// has applied the endpoints it hosts.
+	AppliedResourceVersion string
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

@@ -66,7 +66,9 @@ func NewWithOptions(dataDir string, adjust func(*apiserver.Options), flags ...st
 	opts := apiserver.NewOptions()
 	fs := pflag.NewFlagSet("mizar-apiserver", pflag.ContinueOnError)
 	opts.AddFlags(fs)
-	args := []string{"--standalone", "--data-dir", dataDir, "--secure-port", "0"}
+	// Operators are off unless a test asks for them (--operators=true): storage
+	// tests write phases and placements by hand and must not race them.
+	args := []string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--operators=false"}
 	if !slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "--etcd-servers") }) {
 		// Only the embedded etcd has fsync to skip; the server refuses the flag otherwise.
 		args = append(args, "--embedded-etcd-unsafe-no-fsync")

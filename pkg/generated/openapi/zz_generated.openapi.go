@@ -3677,6 +3677,13 @@ func schema_pkg_apis_networking_v1alpha1_BouncerStatus(ref common.ReferenceCallb
 							},
 						},
 					},
+					"appliedResourceVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "appliedResourceVersion is the resourceVersion up to which the agent of the bouncer's droplet has applied the endpoints of the bouncer's subnet: every endpoint of the subnet whose resourceVersion is not greater is programmed. Written by that agent once per batch of its watch stream.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 				},
 			},
 		},
@@ -4050,6 +4057,13 @@ func schema_pkg_apis_networking_v1alpha1_DropletStatus(ref common.ReferenceCallb
 									},
 								},
 							},
+						},
+					},
+					"appliedResourceVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "appliedResourceVersion is the resourceVersion up to which the droplet's agent has applied the endpoints it hosts: every endpoint on the droplet whose resourceVersion is not greater is programmed. Written once per batch.",
+							Type:        []string{"string"},
+							Format:      "",
 						},
 					},
 				},

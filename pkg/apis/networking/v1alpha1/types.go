@@ -204,6 +204,12 @@ type BouncerSpec struct {
 // BouncerStatus is the observed state of a bouncer.
 type BouncerStatus struct {
 	ProvisioningStatus `json:",inline"`
+	// appliedResourceVersion is the resourceVersion up to which the agent of the
+	// bouncer's droplet has applied the endpoints of the bouncer's subnet: every
+	// endpoint of the subnet whose resourceVersion is not greater is programmed.
+	// Written by that agent once per batch of its watch stream.
+	// +optional
+	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -302,6 +308,11 @@ type DropletSpec struct {
 // DropletStatus is the observed state of a droplet.
 type DropletStatus struct {
 	ProvisioningStatus `json:",inline"`
+	// appliedResourceVersion is the resourceVersion up to which the droplet's agent
+	// has applied the endpoints it hosts: every endpoint on the droplet whose
+	// resourceVersion is not greater is programmed. Written once per batch.
+	// +optional
+	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

@@ -370,6 +370,7 @@ func autoConvert_v1alpha1_BouncerStatus_To_networking_BouncerStatus(in *BouncerS
 	if err := Convert_v1alpha1_ProvisioningStatus_To_networking_ProvisioningStatus(&in.ProvisioningStatus, &out.ProvisioningStatus, s); err != nil {
 		return err
 	}
+	out.AppliedResourceVersion = in.AppliedResourceVersion
 	return nil
 }
 
@@ -382,6 +383,7 @@ func autoConvert_networking_BouncerStatus_To_v1alpha1_BouncerStatus(in *networki
 	if err := Convert_networking_ProvisioningStatus_To_v1alpha1_ProvisioningStatus(&in.ProvisioningStatus, &out.ProvisioningStatus, s); err != nil {
 		return err
 	}
+	out.AppliedResourceVersion = in.AppliedResourceVersion
 	return nil
 }
 
@@ -574,6 +576,7 @@ func autoConvert_v1alpha1_DropletStatus_To_networking_DropletStatus(in *DropletS
 	if err := Convert_v1alpha1_ProvisioningStatus_To_networking_ProvisioningStatus(&in.ProvisioningStatus, &out.ProvisioningStatus, s); err != nil {
 		return err
 	}
+	out.AppliedResourceVersion = in.AppliedResourceVersion
 	return nil
 }
 
@@ -586,6 +589,7 @@ func autoConvert_networking_DropletStatus_To_v1alpha1_DropletStatus(in *networki
 	if err := Convert_networking_ProvisioningStatus_To_v1alpha1_ProvisioningStatus(&in.ProvisioningStatus, &out.ProvisioningStatus, s); err != nil {
 		return err
 	}
+	out.AppliedResourceVersion = in.AppliedResourceVersion
 	return nil
 }
 

@@ -29,6 +29,11 @@ import (
 // BouncerStatus is the observed state of a bouncer.
 type BouncerStatusApplyConfiguration struct {
 	ProvisioningStatusApplyConfiguration `json:",inline"`
+	// appliedResourceVersion is the resourceVersion up to which the agent of the
+	// bouncer's droplet has applied the endpoints of the bouncer's subnet: every
+	// endpoint of the subnet whose resourceVersion is not greater is programmed.
+	// Written by that agent once per batch of its watch stream.
+	AppliedResourceVersion *string `json:"appliedResourceVersion,omitempty"`
 }
 
 // BouncerStatusApplyConfiguration constructs a declarative configuration of the BouncerStatus type for use with
@@ -63,5 +68,13 @@ func (b *BouncerStatusApplyConfiguration) WithConditions(values ...*v1.Condition
 		}
 		b.ProvisioningStatusApplyConfiguration.Conditions = append(b.ProvisioningStatusApplyConfiguration.Conditions, *values[i])
 	}
+	return b
+}
+
+// WithAppliedResourceVersion sets the AppliedResourceVersion field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AppliedResourceVersion field is set to the value of the last call.
+func (b *BouncerStatusApplyConfiguration) WithAppliedResourceVersion(value string) *BouncerStatusApplyConfiguration {
+	b.AppliedResourceVersion = &value
 	return b
 }

@@ -29,6 +29,10 @@ import (
 // DropletStatus is the observed state of a droplet.
 type DropletStatusApplyConfiguration struct {
 	ProvisioningStatusApplyConfiguration `json:",inline"`
+	// appliedResourceVersion is the resourceVersion up to which the droplet's agent
+	// has applied the endpoints it hosts: every endpoint on the droplet whose
+	// resourceVersion is not greater is programmed. Written once per batch.
+	AppliedResourceVersion *string `json:"appliedResourceVersion,omitempty"`
 }
 
 // DropletStatusApplyConfiguration constructs a declarative configuration of the DropletStatus type for use with
@@ -63,5 +67,13 @@ func (b *DropletStatusApplyConfiguration) WithConditions(values ...*v1.Condition
 		}
 		b.ProvisioningStatusApplyConfiguration.Conditions = append(b.ProvisioningStatusApplyConfiguration.Conditions, *values[i])
 	}
+	return b
+}
+
+// WithAppliedResourceVersion sets the AppliedResourceVersion field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the AppliedResourceVersion field is set to the value of the last call.
+func (b *DropletStatusApplyConfiguration) WithAppliedResourceVersion(value string) *DropletStatusApplyConfiguration {
+	b.AppliedResourceVersion = &value
 	return b
 }

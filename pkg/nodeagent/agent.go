@@ -1,0 +1,333 @@
+// Package nodeagent is the API side of mizar's node agent: it registers its
+// Droplet, watches only its slice of the API (objects placed on its droplet,
+// endpoints it hosts, endpoints of the subnets it bounces for, subnets of the
+// VPCs it divides for), drives a Dataplane with them, and publishes what it has
+// applied: Provisioned for its droplet, dividers and bouncers, and a watermark
+// (status.appliedResourceVersion) per endpoint stream, once per batch.
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/generated/clientset/versioned"
+)
+
+// Options configure an agent.
+type Options struct {
+	// Client reaches mizar-apiserver as this droplet's identity.
+	Client versioned.Interface
+	// Droplet is the droplet to register: its name and spec.
+	Droplet *v1alpha1.Droplet
+	// Dataplane programs the node.
+	Dataplane Dataplane
+}
+
+// Agent is one droplet's node agent.
+type Agent struct {
+	client versioned.Interface
+	name   string
+	spec   v1alpha1.DropletSpec
+	dp     Dataplane
+
+	endpointEvents atomic.Int64
+	otherEvents    atomic.Int64
+
+	mu   sync.Mutex
+	ctx  context.Context // Run's: sub-streams end with it
+	subs map[string]*sub // "bouncer/<name>", "divider/<name>" -> its stream
+	wg   sync.WaitGroup
+}
+
+type sub struct {
+	uid    types.UID
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns an agent; Run starts it.
+func New(o Options) (*Agent, error) {
+	if o.Client == nil || o.Droplet == nil || o.Dataplane == nil || o.Droplet.Name == "" {
+		return nil, errors.New("nodeagent: a client, a named droplet and a dataplane are required")
+	}
+	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, subs: map[string]*sub{}}, nil
+}
+
+// EndpointEvents is how many endpoint watch events the agent has received.
+func (a *Agent) EndpointEvents() int64 { return a.endpointEvents.Load() }
+
+// Run registers the droplet, attaches the programs, and follows the agent's
+// slice of the API until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	a.mu.Lock()
+	a.ctx = ctx
+	a.mu.Unlock()
+	if err := a.register(ctx); err != nil {
+		return err
+	}
+	if err := a.dp.Attach(ctx); err != nil {
+		return fmt.Errorf("attaching the dataplane: %w", err)
+	}
+	if err := a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"phase": v1alpha1.PhaseProvisioned}); err != nil {
+		return fmt.Errorf("marking droplet %s Provisioned: %w", a.name, err)
+	}
+	onMe := fields.OneTermEqualSelector("spec.droplet", a.name).String()
+	n := a.client.NetworkingV1alpha1()
+	host := &stream[*v1alpha1.Endpoint]{
+		name: "endpoints on " + a.name, selector: onMe,
+		list:  listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		watch: n.Endpoints(metav1.NamespaceAll).Watch,
+		set:   a.dp.SetHostEndpoint,
+		del:   a.dp.DeleteHostEndpoint,
+		synced: func(ctx context.Context, rv string) error {
+			return a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"appliedResourceVersion": rv})
+		},
+		events: &a.endpointEvents,
+	}
+	bouncers := &stream[*v1alpha1.Bouncer]{
+		name: "bouncers on " + a.name, selector: onMe,
+		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Bouncer, string, error) {
+			l, err := n.Bouncers().List(ctx, o)
+			if err != nil {
+				return nil, "", err
+			}
+			return ptrs(l.Items), l.ResourceVersion, nil
+		},
+		watch:  n.Bouncers().Watch,
+		set:    a.startBouncer,
+		del:    func(key string) error { return a.stop("bouncer/"+key, func() error { return a.dp.DeleteBouncer(key) }) },
+		synced: func(context.Context, string) error { return nil },
+		events: &a.otherEvents,
+	}
+	dividers := &stream[*v1alpha1.Divider]{
+		name: "dividers on " + a.name, selector: onMe,
+		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Divider, string, error) {
+			l, err := n.Dividers().List(ctx, o)
+			if err != nil {
+				return nil, "", err
+			}
+			return ptrs(l.Items), l.ResourceVersion, nil
+		},
+		watch:  n.Dividers().Watch,
+		set:    a.startDivider,
+		del:    func(key string) error { return a.stop("divider/"+key, func() error { return a.dp.DeleteDivider(key) }) },
+		synced: func(context.Context, string) error { return nil },
+		events: &a.otherEvents,
+	}
+	a.wg.Add(3)
+	go func() { defer a.wg.Done(); host.run(ctx) }()
+	go func() { defer a.wg.Done(); bouncers.run(ctx) }()
+	go func() { defer a.wg.Done(); dividers.run(ctx) }()
+	<-ctx.Done()
+	a.wg.Wait()
+	a.stopAll()
+	return nil
+}
+
+// register creates the droplet, or brings an existing one's spec up to date.
+func (a *Agent) register(ctx context.Context) error {
+	c := a.client.NetworkingV1alpha1().Droplets()
+	d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name}, Spec: a.spec}
+	_, err := c.Create(ctx, d, metav1.CreateOptions{})
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("registering droplet %s: %w", a.name, err)
+	}
+	old, err := c.Get(ctx, a.name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading droplet %s: %w", a.name, err)
+	}
+	if old.Spec == a.spec {
+		return nil
+	}
+	old.Spec = a.spec
+	if _, err := c.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating droplet %s: %w", a.name, err)
+	}
+	return nil
+}
+
+// startBouncer serves a bouncer placed here: it follows the endpoints of the
+// bouncer's subnet and acknowledges them with the bouncer's watermark.
+func (a *Agent) startBouncer(b *v1alpha1.Bouncer) error {
+	if err := a.dp.SetBouncer(b); err != nil {
+		return err
+	}
+	n := a.client.NetworkingV1alpha1()
+	name := b.Name
+	provisioned := false
+	s := &stream[*v1alpha1.Endpoint]{
+		name:     "endpoints of subnet " + b.Spec.Subnet + " for bouncer " + name,
+		selector: fields.OneTermEqualSelector("spec.subnet", b.Spec.Subnet).String(),
+		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
+		set:      func(ep *v1alpha1.Endpoint) error { return a.dp.SetBouncerEndpoint(name, ep) },
+		del:      func(key string) error { return a.dp.DeleteBouncerEndpoint(name, key) },
+		synced: func(ctx context.Context, rv string) error {
+			st := map[string]any{"appliedResourceVersion": rv}
+			if !provisioned {
+				// It holds every endpoint of the subnet now: it serves.
+				st["phase"] = v1alpha1.PhaseProvisioned
+			}
+			if err := a.patchStatus(ctx, "bouncer", name, a.name, st); err != nil {
+				return err
+			}
+			provisioned = true
+			return nil
+		},
+		events: &a.endpointEvents,
+	}
+	a.start("bouncer/"+name, b.UID, s.run)
+	return nil
+}
+
+// startDivider serves a divider placed here: it follows the subnets of its VPC.
+func (a *Agent) startDivider(d *v1alpha1.Divider) error {
+	if err := a.dp.SetDivider(d); err != nil {
+		return err
+	}
+	n := a.client.NetworkingV1alpha1()
+	name := d.Name
+	provisioned := false
+	s := &stream[*v1alpha1.Subnet]{
+		name:     "subnets of VPC " + d.Spec.VPC + " for divider " + name,
+		selector: fields.OneTermEqualSelector("spec.vpc", d.Spec.VPC).String(),
+		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Subnet, string, error) {
+			l, err := n.Subnets().List(ctx, o)
+			if err != nil {
+				return nil, "", err
+			}
+			return ptrs(l.Items), l.ResourceVersion, nil
+		},
+		watch: n.Subnets().Watch,
+		set:   func(s *v1alpha1.Subnet) error { return a.dp.SetDividerSubnet(name, s) },
+		del:   func(key string) error { return a.dp.DeleteDividerSubnet(name, key) },
+		synced: func(ctx context.Context, _ string) error {
+			if provisioned {
+				return nil
+			}
+			if err := a.patchStatus(ctx, "divider", name, a.name, map[string]any{"phase": v1alpha1.PhaseProvisioned}); err != nil {
+				return err
+			}
+			provisioned = true
+			return nil
+		},
+		events: &a.otherEvents,
+	}
+	a.start("divider/"+name, d.UID, s.run)
+	return nil
+}
+
+// start runs a sub-stream for key unless one runs for the same object already.
+func (a *Agent) start(key string, uid types.UID, run func(context.Context)) {
+	a.mu.Lock()
+	old := a.subs[key]
+	a.mu.Unlock()
+	if old != nil {
+		if old.uid == uid {
+			return
+		}
+		old.cancel()
+		<-old.done
+	}
+	a.mu.Lock()
+	ctx, cancel := context.WithCancel(a.ctx)
+	s := &sub{uid: uid, cancel: cancel, done: make(chan struct{})}
+	a.subs[key] = s
+	a.mu.Unlock()
+	go func() { defer close(s.done); run(ctx) }()
+}
+
+// stop ends key's sub-stream, then undoes it in the dataplane.
+func (a *Agent) stop(key string, undo func() error) error {
+	a.mu.Lock()
+	s := a.subs[key]
+	delete(a.subs, key)
+	a.mu.Unlock()
+	if s != nil {
+		s.cancel()
+		<-s.done
+	}
+	return undo()
+}
+
+// stopAll ends every sub-stream; Run calls it when its context ends.
+func (a *Agent) stopAll() {
+	a.mu.Lock()
+	subs := a.subs
+	a.subs = map[string]*sub{}
+	a.mu.Unlock()
+	for _, s := range subs {
+		s.cancel()
+		<-s.done
+	}
+}
+
+// patchStatus writes status fields with one JSON patch. With placedOn set the
+// patch first tests spec.droplet, so an agent never acknowledges for an object
+// that was moved to another droplet meanwhile.
+func (a *Agent) patchStatus(ctx context.Context, kind, name, placedOn string, st map[string]any) error {
+	var ops []map[string]any
+	if placedOn != "" {
+		ops = append(ops, map[string]any{"op": "test", "path": "/spec/droplet", "value": placedOn})
+	}
+	for k, v := range st {
+		ops = append(ops, map[string]any{"op": "add", "path": "/status/" + k, "value": v})
+	}
+	data, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	opts := metav1.PatchOptions{FieldManager: fieldManager}
+	n := a.client.NetworkingV1alpha1()
+	switch kind {
+	case "droplet":
+		_, err = n.Droplets().Patch(ctx, name, types.JSONPatchType, data, opts, "status")
+	case "bouncer":
+		_, err = n.Bouncers().Patch(ctx, name, types.JSONPatchType, data, opts, "status")
+	case "divider":
+		_, err = n.Dividers().Patch(ctx, name, types.JSONPatchType, data, opts, "status")
+	default:
+		return fmt.Errorf("patching %s: unknown kind %s", name, kind)
+	}
+	if apierrors.IsNotFound(err) || (placedOn != "" && apierrors.IsInvalid(err)) {
+		return nil // gone, or moved to another droplet: nothing of ours to acknowledge
+	}
+	if err != nil {
+		return fmt.Errorf("writing status of %s: %w", name, err)
+	}
+	return nil
+}
+
+// fieldManager names the agent in managedFields.
+const fieldManager = "mizar-nodeagent"
+
+func listEndpoints(list func(context.Context, metav1.ListOptions) (*v1alpha1.EndpointList, error)) func(context.Context, metav1.ListOptions) ([]*v1alpha1.Endpoint, string, error) {
+	return func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Endpoint, string, error) {
+		l, err := list(ctx, o)
+		if err != nil {
+			return nil, "", err
+		}
+		return ptrs(l.Items), l.ResourceVersion, nil
+	}
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}

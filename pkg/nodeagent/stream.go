@@ -1,0 +1,191 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// stream follows one slice of one kind (a field selector) and hands every change
+// to its handler in order. After a disconnect it resumes watching from the last
+// resourceVersion it saw; when that is too old (410 Gone) it lists again and
+// removes what disappeared meanwhile. After each batch of events (all that
+// arrived together) it reports the resourceVersion up to which it has applied
+// the slice, so acknowledgement costs one write per batch, not per object.
+type stream[T runtime.Object] struct {
+	name     string
+	selector string
+	list     func(context.Context, metav1.ListOptions) ([]T, string, error)
+	watch    func(context.Context, metav1.ListOptions) (watch.Interface, error)
+	// set applies a present object; del removes one ("namespace/name" or "name")
+	// that is gone or being deleted.
+	set func(T) error
+	del func(key string) error
+	// synced is called after the initial list and after every batch with the
+	// resourceVersion up to which the slice is applied.
+	synced func(ctx context.Context, rv string) error
+	// events counts watch events received, for the benchmarks.
+	events *atomic.Int64
+}
+
+// errRelist asks run to list again.
+type errRelist struct{ error }
+
+// run follows the slice until ctx ends.
+func (s *stream[T]) run(ctx context.Context) {
+	known := map[string]bool{}
+	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 8, Cap: 10 * time.Second}
+	rv := ""
+	for ctx.Err() == nil {
+		var err error
+		if rv == "" {
+			rv, err = s.relist(ctx, known)
+		} else {
+			rv, err = s.follow(ctx, rv, known)
+			if _, ok := err.(errRelist); ok {
+				klog.V(2).InfoS("Watch expired; listing again", "stream", s.name, "resourceVersion", rv)
+				rv, err = "", nil
+				continue
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Agent stream failed; retrying", "stream", s.name)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff.Step()):
+			}
+			continue
+		}
+		backoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 8, Cap: 10 * time.Second}
+	}
+}
+
+// relist applies a fresh list and returns its resourceVersion, or "" on error.
+func (s *stream[T]) relist(ctx context.Context, known map[string]bool) (string, error) {
+	items, rv, err := s.list(ctx, metav1.ListOptions{FieldSelector: s.selector})
+	if err != nil {
+		return "", fmt.Errorf("listing %s: %w", s.name, err)
+	}
+	seen := map[string]bool{}
+	for _, obj := range items {
+		key, err := s.apply(obj, false)
+		if err != nil {
+			return "", err
+		}
+		seen[key] = true
+	}
+	for key := range known {
+		if !seen[key] {
+			if err := s.del(key); err != nil {
+				return "", fmt.Errorf("%s: removing %s: %w", s.name, key, err)
+			}
+		}
+	}
+	clear(known)
+	for k := range seen {
+		known[k] = true
+	}
+	if err := s.synced(ctx, rv); err != nil {
+		return "", err
+	}
+	return rv, nil
+}
+
+// follow watches from rv and returns the last resourceVersion applied when the
+// watch ends; errRelist when rv is too old.
+func (s *stream[T]) follow(ctx context.Context, rv string, known map[string]bool) (string, error) {
+	w, err := s.watch(ctx, metav1.ListOptions{FieldSelector: s.selector, ResourceVersion: rv})
+	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return rv, errRelist{err}
+	}
+	if err != nil {
+		return rv, fmt.Errorf("watching %s: %w", s.name, err)
+	}
+	defer w.Stop()
+	for {
+		var ev watch.Event
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return rv, nil
+		case ev, ok = <-w.ResultChan():
+		}
+		// A batch: this event and every one already waiting behind it.
+		applied := false
+		for {
+			if !ok {
+				if applied {
+					if err := s.synced(ctx, rv); err != nil {
+						return rv, err
+					}
+				}
+				return rv, nil // closed: resume from rv
+			}
+			s.events.Add(1)
+			if ev.Type == watch.Error {
+				err := apierrors.FromObject(ev.Object)
+				if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+					return rv, errRelist{err}
+				}
+				return rv, fmt.Errorf("watch of %s: %w", s.name, err)
+			}
+			obj, isT := ev.Object.(T)
+			if !isT {
+				return rv, fmt.Errorf("watch of %s: unexpected %T", s.name, ev.Object)
+			}
+			if ev.Type != watch.Bookmark {
+				key, err := s.apply(obj, ev.Type == watch.Deleted)
+				if err != nil {
+					return rv, err
+				}
+				if ev.Type == watch.Deleted {
+					delete(known, key)
+				} else {
+					known[key] = true
+				}
+				applied = true
+			}
+			m, _ := meta.Accessor(obj)
+			rv = m.GetResourceVersion()
+			select {
+			case ev, ok = <-w.ResultChan():
+				continue
+			default:
+			}
+			break
+		}
+		if applied {
+			if err := s.synced(ctx, rv); err != nil {
+				return rv, err
+			}
+		}
+	}
+}
+
+// apply hands obj to set, or to del when it is gone or being deleted.
+func (s *stream[T]) apply(obj T, gone bool) (string, error) {
+	key, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return "", err
+	}
+	m, _ := meta.Accessor(obj)
+	if gone || m.GetDeletionTimestamp() != nil {
+		err = s.del(key)
+	} else {
+		err = s.set(obj)
+	}
+	if err != nil {
+		return key, fmt.Errorf("%s: applying %s: %w", s.name, key, err)
+	}
+	return key, nil
+}

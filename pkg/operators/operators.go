@@ -1,0 +1,182 @@
+// Package operators runs mizar's cluster-wide operators (VPC, Subnet, Endpoint,
+// Divider, Bouncer and Droplet placement) inside mizar-apiserver. Only the
+// leader runs them: replicas campaign in an election on mizar's own etcd
+// (mizar-apiserver serves no Lease kind), and a replica that loses its etcd
+// session stops acting before another takes over.
+package operators
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"mizar.dev/pkg/generated/clientset/versioned"
+	informers "mizar.dev/pkg/generated/informers/externalversions"
+	"mizar.dev/pkg/operators/bouncer"
+	"mizar.dev/pkg/operators/divider"
+	"mizar.dev/pkg/operators/droplet"
+	"mizar.dev/pkg/operators/endpoint"
+	"mizar.dev/pkg/operators/subnet"
+	"mizar.dev/pkg/operators/vpc"
+)
+
+// ElectionKey is the etcd prefix replicas campaign under.
+const ElectionKey = "/mizar/operators/leader"
+
+// Options configure a replica.
+type Options struct {
+	// Config reaches mizar-apiserver (the loopback config inside the server).
+	Config *rest.Config
+	// Etcd is mizar's own etcd, where the election runs.
+	Etcd *clientv3.Client
+	// Identity names this replica in the election; defaults to host and a random suffix.
+	Identity string
+	// LeaseTTL is how long a silent leader keeps leadership, in seconds; default 5.
+	LeaseTTL int
+	// Workers per operator; default 4.
+	Workers int
+	// OnLeading, if set, is told when this replica starts and stops leading.
+	OnLeading func(leading bool)
+}
+
+// Run campaigns for leadership until ctx ends and runs the operators while leading.
+func Run(ctx context.Context, o Options) error {
+	if o.Config == nil || o.Etcd == nil {
+		return errors.New("operators: a client config and an etcd client are required")
+	}
+	if o.Identity == "" {
+		host, _ := os.Hostname()
+		o.Identity = host + "-" + utilrand.String(6)
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 5
+	}
+	if o.Workers == 0 {
+		o.Workers = 4
+	}
+	for ctx.Err() == nil {
+		if err := lead(ctx, o); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Operators: leadership ended; campaigning again", "identity", o.Identity)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	return nil
+}
+
+// lead waits to be elected, then runs the operators until leadership or ctx ends.
+func lead(ctx context.Context, o Options) error {
+	session, err := concurrency.NewSession(o.Etcd, concurrency.WithTTL(o.LeaseTTL), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("etcd session: %w", err)
+	}
+	defer session.Close() // revokes the lease: a clean stop hands over at once
+	election := concurrency.NewElection(session, ElectionKey)
+	if err := election.Campaign(ctx, o.Identity); err != nil {
+		return fmt.Errorf("campaigning: %w", err)
+	}
+	klog.InfoS("Operators: elected leader", "identity", o.Identity)
+	leadCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-session.Done(): // lease lost: another replica may lead now
+			klog.InfoS("Operators: etcd session lost; stopping", "identity", o.Identity)
+			cancel()
+		case <-leadCtx.Done():
+		}
+	}()
+	if o.OnLeading != nil {
+		o.OnLeading(true)
+	}
+	// Acting stops the moment leadCtx ends: every request the operators make
+	// carries it. Waiting for their goroutines to wind down comes after.
+	stopped := make(chan struct{})
+	go func() {
+		<-leadCtx.Done()
+		if o.OnLeading != nil {
+			o.OnLeading(false)
+		}
+		close(stopped)
+	}()
+	err = runOperators(leadCtx, o)
+	cancel()
+	<-stopped
+	resignCtx, done := context.WithTimeout(context.Background(), 2*time.Second)
+	defer done()
+	_ = election.Resign(resignCtx)
+	return err
+}
+
+// runOperators starts the informers and every operator and blocks until ctx ends.
+func runOperators(ctx context.Context, o Options) error {
+	// Each operator writes with its own user agent: managedFields names it as the
+	// manager of what it wrote, which is how tests check one writer per transition.
+	clientFor := func(name string) (versioned.Interface, error) {
+		cfg := rest.CopyConfig(o.Config)
+		cfg.UserAgent = name
+		return versioned.NewForConfig(cfg)
+	}
+	reader, err := clientFor("mizar-operators")
+	if err != nil {
+		return err
+	}
+	factory := informers.NewSharedInformerFactory(reader, 10*time.Minute)
+	type runner interface{ Run(context.Context, int) }
+	var runners []runner
+	for _, mk := range []struct {
+		name string
+		new  func(versioned.Interface, informers.SharedInformerFactory) (runner, error)
+	}{
+		{"mizar-vpc-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) { return vpc.New(c, f) }},
+		{"mizar-subnet-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
+			return subnet.New(c, f)
+		}},
+		{"mizar-droplet-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
+			return droplet.New(c, f)
+		}},
+		{"mizar-endpoint-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
+			return endpoint.New(c, f)
+		}},
+		{"mizar-divider-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
+			return divider.New(c, f)
+		}},
+		{"mizar-bouncer-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
+			return bouncer.New(c, f)
+		}},
+	} {
+		c, err := clientFor(mk.name)
+		if err != nil {
+			return err
+		}
+		r, err := mk.new(c, factory)
+		if err != nil {
+			return fmt.Errorf("%s: %w", mk.name, err)
+		}
+		runners = append(runners, r)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer of %v did not sync", typ)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range runners {
+		wg.Go(func() { r.Run(ctx, o.Workers) })
+	}
+	wg.Wait()
+	return nil
+}

@@ -1,0 +1,328 @@
+// Package subnet is the Subnet operator (the seed's Network operator): it waits
+// for the subnet's VPC to be Provisioned, creates the subnet's bouncers, moves the
+// subnet from Init to Provisioned once all of them are, and on deletion waits for
+// the subnet's endpoints before it drains the bouncers.
+package subnet
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/generated/clientset/versioned"
+	informers "mizar.dev/pkg/generated/informers/externalversions"
+	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+	"mizar.dev/pkg/operators/reconcile"
+)
+
+// Condition types and reasons the Subnet operator writes.
+const (
+	ConditionVpcReady      = "VpcReady"
+	ConditionBouncersReady = "BouncersReady"
+	ConditionDeleting      = "Deleting"
+	ConditionAddresses     = "AddressesAvailable"
+
+	ReasonVpcNotFound       = "VpcNotFound"
+	ReasonVpcNotProvisioned = "VpcNotProvisioned"
+	ReasonVpcTerminating    = "VpcTerminating"
+	ReasonOutsideVpc        = "CIDROutsideVpc"
+	ReasonVpcProvisioned    = "VpcProvisioned"
+	ReasonProvisioned       = "AllBouncersProvisioned"
+	ReasonWaiting           = "BouncersNotProvisioned"
+	ReasonEndpointsRemain   = "EndpointsRemain"
+	ReasonDraining          = "DrainingBouncers"
+	ReasonExhausted         = "SubnetExhausted"
+	ReasonFree              = "AddressesFree"
+)
+
+// SubnetOperator is the one writer of a subnet's phase.
+type SubnetOperator struct {
+	client    versioned.Interface
+	subnets   listers.SubnetLister
+	vpcs      listers.VpcLister
+	bouncers  cache.SharedIndexInformer
+	endpoints cache.SharedIndexInformer
+	loop      *reconcile.Loop
+}
+
+// New wires the operator to shared informers; call before the factory starts.
+func New(client versioned.Interface, f informers.SharedInformerFactory) (*SubnetOperator, error) {
+	n := f.Networking().V1alpha1()
+	o := &SubnetOperator{
+		client:    client,
+		subnets:   n.Subnets().Lister(),
+		vpcs:      n.Vpcs().Lister(),
+		bouncers:  n.Bouncers().Informer(),
+		endpoints: n.Endpoints().Informer(),
+	}
+	o.loop = reconcile.New("subnet-operator", o.Reconcile)
+	subnets := n.Subnets().Informer()
+	for _, ix := range []struct {
+		inf  cache.SharedIndexInformer
+		name string
+		fn   cache.IndexFunc
+	}{
+		{o.bouncers, reconcile.BySubnet, reconcile.BouncerBySubnet},
+		{o.endpoints, reconcile.BySubnet, reconcile.EndpointBySubnet},
+		{subnets, reconcile.ByVPC, reconcile.SubnetByVPC},
+	} {
+		if err := reconcile.AddIndex(ix.inf, ix.name, ix.fn); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := subnets.AddEventHandler(o.loop.Handler()); err != nil {
+		return nil, err
+	}
+	if _, err := o.bouncers.AddEventHandler(o.loop.MapHandler(func(obj any) []string {
+		return []string{obj.(*v1alpha1.Bouncer).Spec.Subnet}
+	})); err != nil {
+		return nil, err
+	}
+	// Endpoints coming and going: address use, and a deleting subnet waits for them.
+	if _, err := o.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet)
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := n.Vpcs().Informer().AddEventHandler(o.loop.MapHandler(func(obj any) []string {
+		var keys []string
+		for _, s := range reconcile.ByIndex[*v1alpha1.Subnet](subnets, reconcile.ByVPC, obj.(*v1alpha1.Vpc).Name) {
+			keys = append(keys, s.Name)
+		}
+		return keys
+	})); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Run reconciles until ctx ends.
+func (o *SubnetOperator) Run(ctx context.Context, workers int) { o.loop.Run(ctx, workers) }
+
+// BouncerName is the name of a subnet's i-th bouncer.
+func BouncerName(subnet string, i int32) string { return fmt.Sprintf("%s-b-%d", subnet, i) }
+
+// Reconcile brings one subnet towards its spec.
+func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
+	s, err := o.subnets.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	bouncers := o.ownBouncers(s)
+	if s.DeletionTimestamp != nil {
+		return o.drain(ctx, s, bouncers)
+	}
+	if !reconcile.HasFinalizer(s) {
+		s = s.DeepCopy()
+		s.Finalizers = append(s.Finalizers, reconcile.Finalizer)
+		if s, err = o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("adding the finalizer: %w", err)
+		}
+	}
+	st := s.Status.DeepCopy()
+	st.ObservedGeneration = s.Generation
+	if st.Phase == "" {
+		st.Phase = v1alpha1.PhaseInit
+	}
+
+	// Address use: a full subnet refuses new endpoints, and says so here too.
+	if free, ok := freeAddresses(s, len(reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name))); ok {
+		if free > 0 {
+			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, true, ReasonFree, "the subnet has free addresses")
+		} else {
+			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, false, ReasonExhausted,
+				fmt.Sprintf("every address of %s is in use: new endpoints are refused; delete unused endpoints or add a subnet", s.Spec.CIDR))
+		}
+	}
+
+	// The VPC must be there and serving before the subnet's bouncers are worth creating.
+	ok, reason, msg := o.vpcReady(s)
+	reconcile.SetCondition(&st.Conditions, s.Generation, ConditionVpcReady, ok, reason, msg)
+	if !ok {
+		if st.Phase == v1alpha1.PhaseProvisioned && reason != ReasonVpcNotProvisioned {
+			st.Phase = v1alpha1.PhaseFailed
+		}
+		return o.writeStatus(ctx, s, st)
+	}
+
+	want := max(s.Spec.Bouncers, 1)
+	have := map[string]*v1alpha1.Bouncer{}
+	for _, b := range bouncers {
+		have[b.Name] = b
+	}
+	for i := range want {
+		n := BouncerName(s.Name, i)
+		if have[n] != nil {
+			continue
+		}
+		b := &v1alpha1.Bouncer{
+			ObjectMeta: metav1.ObjectMeta{Name: n, OwnerReferences: []metav1.OwnerReference{
+				*metav1.NewControllerRef(s, v1alpha1.SchemeGroupVersion.WithKind("Subnet"))}},
+			Spec: v1alpha1.BouncerSpec{Subnet: s.Name},
+		}
+		if _, err := o.client.NetworkingV1alpha1().Bouncers().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating bouncer %s: %w", n, err)
+		}
+	}
+	for n := range have {
+		if !wanted(s.Name, n, want) {
+			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting surplus bouncer %s: %w", n, err)
+			}
+		}
+	}
+
+	var ready int32
+	var waiting []string
+	for i := range want {
+		b := have[BouncerName(s.Name, i)]
+		switch {
+		case b == nil:
+			waiting = append(waiting, BouncerName(s.Name, i)+": just created")
+		case b.Status.Phase == v1alpha1.PhaseProvisioned:
+			ready++
+		default:
+			waiting = append(waiting, b.Name+": "+whyNot(b))
+		}
+	}
+	if ready == want {
+		st.Phase = v1alpha1.PhaseProvisioned
+		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, true, ReasonProvisioned,
+			fmt.Sprintf("%d of %d bouncers are Provisioned", ready, want))
+	} else {
+		sort.Strings(waiting)
+		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, false, ReasonWaiting,
+			fmt.Sprintf("%d of %d bouncers are Provisioned; waiting for %s", ready, want, strings.Join(waiting, "; ")))
+	}
+	return o.writeStatus(ctx, s, st)
+}
+
+// vpcReady says whether the subnet's VPC exists, is Provisioned and still
+// contains the subnet (a VPC re-created with another CIDR may not).
+func (o *SubnetOperator) vpcReady(s *v1alpha1.Subnet) (bool, string, string) {
+	vpc, err := o.vpcs.Get(s.Spec.VPC)
+	if err != nil {
+		return false, ReasonVpcNotFound, fmt.Sprintf("VPC %s does not exist: create it, or delete this subnet and create it in an existing VPC", s.Spec.VPC)
+	}
+	if vpc.DeletionTimestamp != nil {
+		return false, ReasonVpcTerminating, fmt.Sprintf("VPC %s is being deleted", vpc.Name)
+	}
+	if p, err := netip.ParsePrefix(vpc.Spec.CIDR); err == nil {
+		if q, err := netip.ParsePrefix(s.Spec.CIDR); err == nil && (q.Bits() < p.Bits() || !p.Contains(q.Addr())) {
+			return false, ReasonOutsideVpc, fmt.Sprintf("cidr %s is outside VPC %s (%s): delete this subnet and create it inside the VPC", s.Spec.CIDR, vpc.Name, vpc.Spec.CIDR)
+		}
+	}
+	if vpc.Status.Phase != v1alpha1.PhaseProvisioned {
+		return false, ReasonVpcNotProvisioned, fmt.Sprintf("VPC %s is %s, not yet Provisioned", vpc.Name, phaseOf(vpc.Status.Phase))
+	}
+	return true, ReasonVpcProvisioned, fmt.Sprintf("VPC %s is Provisioned", vpc.Name)
+}
+
+// drain runs the delete workflow: endpoints first, then the bouncers, then the subnet.
+func (o *SubnetOperator) drain(ctx context.Context, s *v1alpha1.Subnet, bouncers []*v1alpha1.Bouncer) error {
+	if !reconcile.HasFinalizer(s) {
+		return nil
+	}
+	st := s.Status.DeepCopy()
+	st.Phase = v1alpha1.PhaseTerminating
+	if eps := reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name); len(eps) > 0 {
+		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonEndpointsRemain,
+			fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s/%s", len(eps), eps[0].Namespace, eps[0].Name))
+		return o.writeStatus(ctx, s, st)
+	}
+	if len(bouncers) > 0 {
+		for _, b := range bouncers {
+			if b.DeletionTimestamp != nil {
+				continue
+			}
+			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("draining bouncer %s: %w", b.Name, err)
+			}
+		}
+		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonDraining,
+			fmt.Sprintf("waiting for %d bouncer(s) to go", len(bouncers)))
+		return o.writeStatus(ctx, s, st)
+	}
+	s = s.DeepCopy()
+	s.Finalizers = reconcile.WithoutFinalizer(s)
+	if _, err := o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the finalizer: %w", err)
+	}
+	return nil
+}
+
+func (o *SubnetOperator) writeStatus(ctx context.Context, s *v1alpha1.Subnet, st *v1alpha1.SubnetStatus) error {
+	if reconcile.SameProvisioning(&s.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+		return nil
+	}
+	s = s.DeepCopy()
+	s.Status = *st
+	if _, err := o.client.NetworkingV1alpha1().Subnets().UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("writing status: %w", err)
+	}
+	return nil
+}
+
+func (o *SubnetOperator) ownBouncers(s *v1alpha1.Subnet) []*v1alpha1.Bouncer {
+	var out []*v1alpha1.Bouncer
+	for _, b := range reconcile.ByIndex[*v1alpha1.Bouncer](o.bouncers, reconcile.BySubnet, s.Name) {
+		if reconcile.OwnedBy(b, s.UID) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func wanted(subnet, bouncer string, want int32) bool {
+	for i := range want {
+		if BouncerName(subnet, i) == bouncer {
+			return true
+		}
+	}
+	return false
+}
+
+func whyNot(b *v1alpha1.Bouncer) string {
+	for _, c := range b.Status.Conditions {
+		if c.Status == metav1.ConditionFalse {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	if b.Spec.Droplet == "" {
+		return "not placed yet"
+	}
+	return "not yet Provisioned by the agent of droplet " + b.Spec.Droplet
+}
+
+func phaseOf(p v1alpha1.Phase) string {
+	if p == "" {
+		return "new"
+	}
+	return string(p)
+}
+
+// freeAddresses is how many host addresses of the subnet no endpoint uses: all
+// but the network, broadcast and gateway addresses.
+func freeAddresses(s *v1alpha1.Subnet, used int) (int, bool) {
+	p, err := netip.ParsePrefix(s.Spec.CIDR)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return 0, false
+	}
+	return (1 << (32 - p.Bits())) - 3 - used, true
+}
