@@ -69,8 +69,8 @@ type Options struct {
 	flags *pflag.FlagSet
 }
 
-// EtcdPrefix is the etcd key prefix everything of mizar's lives under (objects,
-// locks, claims): --etcd-prefix, DefaultEtcdPrefix unless set.
+// EtcdPrefix is the etcd key prefix everything of mizar's lives under (objects and
+// claims): --etcd-prefix, DefaultEtcdPrefix unless set.
 func (o *Options) EtcdPrefix() string { return o.Recommended.Etcd.StorageConfig.Prefix }
 
 // etcdSubPrefix is the prefix of one kind of mizar's own records, e.g. "claims".
