@@ -5,17 +5,17 @@ package apiserver
 
 import (
 	"fmt"
-	"time"
 	"sync/atomic"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 
+	"mizar.dev/pkg/admission/dropletrestriction"
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
-	"mizar.dev/pkg/admission/dropletrestriction"
 	generatedopenapi "mizar.dev/pkg/generated/openapi"
 	"mizar.dev/pkg/operators"
 	"mizar.dev/pkg/registry"
