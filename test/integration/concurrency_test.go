@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 
 	"mizar.dev/test/integration/fixtures"
@@ -10,24 +9,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// race runs n creates at once and returns their errors.
-func race(n int, create func(i int) error) []error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			errs[i] = create(i)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	return errs
-}
 
 // TestConcurrentOverlappingSubnets: of many overlapping subnets created at the
 // same moment exactly one is stored; the check and the write happen under the
@@ -40,7 +21,7 @@ func TestConcurrentOverlappingSubnets(t *testing.T) {
 		_, err := c.Vpcs().Create(ctx, fixtures.Vpc("race-vpc"+u, "10.80.0.0/16", 0), metav1.CreateOptions{})
 		return err
 	})
-	errs := race(8, func(i int) error {
+	errs := fixtures.Race(8, func(i int) error {
 		// /24, /25 and /26 prefixes that all contain 10.80.5.0.
 		cidr := fmt.Sprintf("10.80.5.0/%d", 24+i%3)
 		_, err := c.Subnets().Create(ctx, fixtures.Subnet(fmt.Sprintf("race-%d", i)+u, "race-vpc"+u, cidr), metav1.CreateOptions{})
@@ -78,7 +59,7 @@ func TestConcurrentAllocation(t *testing.T) {
 	// A /27 has 30 host addresses; one is the gateway, so 29 endpoints fit.
 	const n = 29
 	ips := make([]string, n)
-	errs := race(n, func(i int) error {
+	errs := fixtures.Race(n, func(i int) error {
 		ep, err := c.Endpoints(fmt.Sprintf("alloc-%d", i%3)+u).Create(ctx, fixtures.Endpoint(fmt.Sprintf("alloc-%d", i%3)+u, fmt.Sprintf("ep-%d", i), "alloc-net"+u, ""), metav1.CreateOptions{})
 		if err == nil {
 			ips[i] = ep.Spec.IP
@@ -102,7 +83,7 @@ func TestConcurrentAllocation(t *testing.T) {
 	}
 
 	vnis := make([]int32, 10)
-	errs = race(len(vnis), func(i int) error {
+	errs = fixtures.Race(len(vnis), func(i int) error {
 		vpc, err := c.Vpcs().Create(ctx, fixtures.Vpc(fmt.Sprintf("alloc-vpc-%d", i)+u, "10.82.0.0/16", 0), metav1.CreateOptions{})
 		if err == nil {
 			vnis[i] = vpc.Spec.VNI

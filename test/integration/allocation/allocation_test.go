@@ -133,24 +133,6 @@ func unique(t *testing.T, base string) string {
 	return fmt.Sprintf("%s-%d", base, time.Now().UnixNano()%1e9)
 }
 
-// race runs n calls at once and returns their errors.
-func race(n int, call func(i int) error) []error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			errs[i] = call(i)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	return errs
-}
-
 var ipSeq atomic.Uint32
 
 // uniqueIP returns droplet addresses (198.18.0.0/15, benchmarking space) no other
@@ -211,7 +193,7 @@ func TestRacingServerSideApplyCreates(t *testing.T) {
 	c := client()
 	_, sn := network(t, ctx, "10.90.0.0/16", "10.90.1.0/26")
 	ns := unique(t, "ssa")
-	errs := race(40, func(i int) error { return applyEndpoint(ctx, c, ns, fmt.Sprintf("ep-%d", i), sn) })
+	errs := fixtures.Race(40, func(i int) error { return applyEndpoint(ctx, c, ns, fmt.Sprintf("ep-%d", i), sn) })
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("apply %d: %v", i, err)
@@ -221,7 +203,7 @@ func TestRacingServerSideApplyCreates(t *testing.T) {
 
 	// Overlapping subnets applied at once: exactly one is stored.
 	vpc, _ := network(t, ctx, "10.91.0.0/16", "10.91.200.0/24")
-	subnets := race(8, func(i int) error {
+	subnets := fixtures.Race(8, func(i int) error {
 		_, err := c.NetworkingV1alpha1().Subnets().Apply(ctx, ac.Subnet(fmt.Sprintf("%s-o%d", vpc, i)).
 			WithSpec(ac.SubnetSpec().WithVPC(vpc).WithCIDR(fmt.Sprintf("10.91.5.0/%d", 24+i%3))),
 			metav1.ApplyOptions{FieldManager: "test", Force: true})
@@ -242,7 +224,7 @@ func TestRacingServerSideApplyCreates(t *testing.T) {
 
 	// VPCs applied at once get distinct VNIs.
 	base := unique(t, "vpc-ssa")
-	vpcErrs := race(10, func(i int) error {
+	vpcErrs := fixtures.Race(10, func(i int) error {
 		_, err := c.NetworkingV1alpha1().Vpcs().Apply(ctx, ac.Vpc(fmt.Sprintf("%s-%d", base, i)).
 			WithSpec(ac.VpcSpec().WithCIDR("10.0.0.0/16")), metav1.ApplyOptions{FieldManager: "test", Force: true})
 		return err
@@ -271,7 +253,7 @@ func TestCommitReportedAsFailed(t *testing.T) {
 	ns := unique(t, "lost")
 	defer faults.set(map[string]int64{"endpoints": 3, "vpcs": 3}, map[string]int64{"subnets": 5})()
 
-	errs := race(60, func(i int) error {
+	errs := fixtures.Race(60, func(i int) error {
 		name := fmt.Sprintf("ep-%d", i)
 		if i%2 == 0 {
 			return applyEndpoint(ctx, c, ns, name, sn)
@@ -307,7 +289,7 @@ func TestCommitReportedAsFailed(t *testing.T) {
 	// The same for VNIs.
 	defer faults.set(map[string]int64{"vpcs": 2}, nil)()
 	base := unique(t, "vpc-lost")
-	race(10, func(i int) error {
+	fixtures.Race(10, func(i int) error {
 		_, err := c.NetworkingV1alpha1().Vpcs().Create(ctx, fixtures.Vpc(fmt.Sprintf("%s-%d", base, i), "10.0.0.0/16", 0), metav1.CreateOptions{})
 		return err
 	})
