@@ -55,8 +55,10 @@ type Options struct {
 	// WrapStorage, when set, wraps each resource's storage (tests inject faults
 	// with it; no flag sets it).
 	WrapStorage StorageWrapper
-	// ClaimRepairPeriod overrides DefaultClaimRepairPeriod (tests; no flag sets it).
+	// ClaimRepairPeriod overrides DefaultClaimRepairPeriod, and ClaimOrphanGrace
+	// claim.OrphanGrace: tests shorten them to see crash leftovers go (hidden flags).
 	ClaimRepairPeriod time.Duration
+	ClaimOrphanGrace  time.Duration
 	// Operators runs the cluster-wide operators in this process (leader-elected).
 	Operators bool
 	// Broker configures the service broker (--broker-*).
@@ -166,6 +168,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Extra DNS names for a self-signed serving certificate, e.g. mizar-apiserver.mizar-system.svc.")
 	fs.BoolVar(&o.EtcdUnsafeNoFsync, "embedded-etcd-unsafe-no-fsync", false, "Skip fsync in the embedded etcd. Loses data on a crash; for tests only.")
 	_ = fs.MarkHidden("embedded-etcd-unsafe-no-fsync")
+	fs.DurationVar(&o.ClaimRepairPeriod, "claim-repair-period", 0, "How often orphaned claims are dropped (default 3m). For tests only.")
+	fs.DurationVar(&o.ClaimOrphanGrace, "claim-orphan-grace", 0, "How old an unowned claim must be before it is dropped (default 2m; must exceed any create's duration). For tests only.")
+	_ = fs.MarkHidden("claim-repair-period")
+	_ = fs.MarkHidden("claim-orphan-grace")
 	o.Broker.AddFlags(fs)
 	fs.BoolVar(&o.Operators, "operators", o.Operators,
 		"Run the operators (VPC, Subnet, Endpoint, Divider, Bouncer, Droplet placement) in this process; replicas elect one leader through etcd.")
@@ -232,6 +238,9 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
+	if o.ClaimOrphanGrace > 0 {
+		claims.SetOrphanGrace(o.ClaimOrphanGrace)
+	}
 
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()

@@ -24,6 +24,7 @@ import (
 // OrphanGrace is how old an unowned claim must be before it is reclaimed: longer
 // than any create can run between claiming and storing its object (the request
 // timeout, 60 s by default), so a claim of a create still in flight is never taken.
+// Store.SetOrphanGrace changes it (tests).
 const OrphanGrace = 2 * time.Minute
 
 // Owner is the object a claim belongs to. UID tells an object from an earlier
@@ -59,6 +60,7 @@ type Store struct {
 	client *clientv3.Client
 	prefix string
 	pools  pools
+	grace  time.Duration
 }
 
 // NewStore keeps its claims under prefix, which ends in "/".
@@ -66,8 +68,16 @@ func NewStore(client *clientv3.Client, prefix string) *Store {
 	if !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	return &Store{client: client, prefix: prefix}
+	return &Store{client: client, prefix: prefix, grace: OrphanGrace}
 }
+
+// SetOrphanGrace changes how old an unowned claim must be before it is
+// reclaimed. Only tests shorten it; nothing may run a create for longer.
+func (s *Store) SetOrphanGrace(d time.Duration) { s.grace = d }
+
+// Orphaned reports whether a claim whose owner does not hold it is old enough
+// to be reclaimed.
+func (s *Store) Orphaned(h Holder, now time.Time) bool { return h.Age(now) > s.grace }
 
 // Prefix is the etcd prefix of every claim.
 func (s *Store) Prefix() string { return s.prefix }

@@ -56,7 +56,7 @@ type Reserver[T runtime.Object] struct {
 
 // ClaimKeys claims keys for the new object. A key held by a live object is a
 // duplicate (422 at its field); one whose holder is gone and older than
-// claim.OrphanGrace is taken over; one held by a create still in flight is a
+// its grace (claim.OrphanGrace) is taken over; one held by a create still in flight is a
 // conflict the client may retry (409).
 func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorList, error) {
 	names := make([]string, len(keys))
@@ -95,9 +95,15 @@ func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, confl
 			return nil, err
 		}
 		switch {
+		case live && h.Namespace == r.Owner.Namespace && h.Name == r.Owner.Name:
+			// A retried create whose first try was stored (its reply was lost).
+			return nil, apierrors.NewAlreadyExists(r.self.DefaultQualifiedResource, r.Owner.Name)
 		case live:
 			errs = append(errs, conflict(h))
-		case h.Age(time.Now()) > claim.OrphanGrace:
+		case h.Namespace == r.Owner.Namespace && h.Name == r.Owner.Name,
+			r.Claims.Orphaned(h, time.Now()):
+			// Same name: an earlier try of this create cut off by a crash (or one
+			// racing it, of which etcd stores at most one: see handOver).
 			klog.InfoS("Reclaiming an orphaned claim", "key", h.Key, "owner", h.Owner.String())
 			if err := r.Claims.Drop(ctx, h); err != nil {
 				return nil, StorageError(err)
@@ -193,11 +199,15 @@ func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.
 			if stored && !dryRun {
 				return
 			}
-			if !dryRun && attempts.unknownOutcome(obj) {
-				klog.InfoS("Create failed after its write was sent; its claims stay until Repair checks them", "resource", k.Resource, "name", name)
-				return
+			written, err := attempts.take(obj)
+			switch {
+			case dryRun || !written:
+				release(ctx, c.Store, r.Owner.UID, KeyNames(c.Keys(t)))
+			case storage.IsExist(err):
+				k.handOver(ctx, self, r.Owner.UID, t)
+			default:
+				klog.InfoS("Create failed after its write was sent; its claims stay until Repair checks them", "resource", k.Resource, "name", name, "err", err)
 			}
-			release(ctx, c.Store, r.Owner.UID, KeyNames(c.Keys(t)))
 		}, nil
 	}
 }
@@ -240,17 +250,46 @@ func release(ctx context.Context, s *claim.Store, uid string, keys []string) {
 	}
 }
 
+// handOver settles the claims of a create that lost to an object of the same
+// name: claims that object holds become its own, the rest are released.
+func (k *Kind[T, S, St]) handOver(ctx context.Context, self *genericregistry.Store, uid string, lost T) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	m := objectMeta(lost)
+	existing, err := self.Get(genericapirequest.WithNamespace(ctx, m.GetNamespace()), m.GetName(), &metav1.GetOptions{})
+	if err != nil {
+		release(ctx, k.Claims.Store, uid, KeyNames(k.Claims.Keys(lost)))
+		return
+	}
+	winner := k.owner(existing)
+	for _, key := range KeyNames(k.Claims.Keys(lost)) {
+		h, err := k.Claims.Store.Get(ctx, key)
+		if err != nil || h == nil || h.UID != uid {
+			continue
+		}
+		if slices.Contains(KeyNames(k.Claims.Keys(must[T](existing))), key) {
+			_, err = k.Claims.Store.Take(ctx, *h, winner)
+		} else {
+			err = k.Claims.Store.Drop(ctx, *h)
+		}
+		if err != nil {
+			klog.ErrorS(err, "Settling the claims of a create that lost to an existing object; Repair will", "key", key)
+		}
+	}
+}
+
 // createAttempts remembers, between a create's storage write and its finish
 // function, whether a write was sent and how it failed.
 type createAttempts struct{ m sync.Map }
 
-func (a *createAttempts) unknownOutcome(obj runtime.Object) bool {
+// take reports whether the create's write was sent, and its error.
+func (a *createAttempts) take(obj runtime.Object) (bool, error) {
 	v, ok := a.m.LoadAndDelete(obj)
 	if !ok {
-		return false
+		return false, nil
 	}
 	err, _ := v.(error)
-	return err != nil && !storage.IsExist(err)
+	return true, err
 }
 
 // claimingStorage tells createAttempts about each create's write, and releases a

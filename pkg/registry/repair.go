@@ -13,14 +13,12 @@ import (
 	"k8s.io/klog/v2"
 
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
-
-	"mizar.dev/pkg/claim"
 )
 
 // repair drops the claims of this kind whose owner is gone or no longer holds
 // them (a create that failed after its write was sent, a server-side-apply
 // create whose write failed, a release that could not reach etcd, a value an
-// update gave up). Only claims older than claim.OrphanGrace are looked at, so a
+// update gave up). Only claims older than the store's orphan grace are looked at, so a
 // create still in flight keeps what it claimed.
 func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store) (int, error) {
 	c := k.Claims
@@ -48,7 +46,7 @@ func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store
 			return dropped, err
 		}
 		for _, h := range holders {
-			if h.Resource != k.Resource.Resource || h.Age(now) <= claim.OrphanGrace || held[h.Key] == h.UID {
+			if h.Resource != k.Resource.Resource || !c.Store.Orphaned(h, now) || held[h.Key] == h.UID {
 				continue
 			}
 			live, err := r.Live(ctx, h)

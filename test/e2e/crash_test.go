@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -201,4 +205,113 @@ func TestCrashUnderCreateStorm(t *testing.T) {
 		t.Fatal("no create was acknowledged before the kill; the test proves nothing")
 	}
 	t.Logf("%d creates acknowledged before kill -9, all present after the restart", n)
+}
+
+// TestRestartDuring200Creates (issue 7): kill -9 the server while 200 endpoint
+// creates run at once; after the restart every acknowledged create is there,
+// the rest are retried as a client would, and the 200 endpoints hold 200
+// distinct addresses. Deleting them all leaves no claim: the creates cut off
+// mid-way are reclaimed by the repair loop (grace and period shortened here).
+func TestRestartDuring200Creates(t *testing.T) {
+	begin(t)
+	dir := filepath.Join(t.TempDir(), "r200")
+	flags := []string{"--claim-orphan-grace", "2s", "--claim-repair-period", "500ms"}
+	s, err := startServer(dir, flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.stop() }()
+	c := clientFor(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tag := unique("r200")
+	if _, err := c.NetworkingV1alpha1().Vpcs().Create(ctx, fixtures.Vpc(tag, "10.63.0.0/16", 0), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.NetworkingV1alpha1().Subnets().Create(ctx, fixtures.Subnet(tag, tag, "10.63.0.0/23"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	name := func(i int) string { return fmt.Sprintf("%s-%d", tag, i) }
+	create := func(c versioned.Interface, i int) error {
+		_, err := c.NetworkingV1alpha1().Endpoints("default").Create(ctx, fixtures.Endpoint("default", name(i), tag, ""), metav1.CreateOptions{})
+		return err
+	}
+	var a acked
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			if create(c, i) == nil {
+				a.add(tag, name(i))
+			}
+		}()
+	}
+	close(start)
+	time.Sleep(150 * time.Millisecond)
+	s.kill()
+	wg.Wait()
+	t.Logf("%d of 200 creates acknowledged before kill -9", len(a.names[tag]))
+
+	if s, err = startServer(dir, flags...); err != nil {
+		t.Fatal(err)
+	}
+	c = clientFor(t, s)
+	if n := checkAcked(t, c, "default", &a); n != len(a.names[tag]) {
+		t.Fatalf("checked %d acknowledged creates, want %d", n, len(a.names[tag]))
+	}
+	// Retry what was not acknowledged; an AlreadyExists means it was stored anyway.
+	for i := range 200 {
+		if err := create(c, i); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("retrying create %d: %v", i, err)
+		}
+	}
+	list, err := c.NetworkingV1alpha1().Endpoints("default").List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=" + tag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ips := map[string]bool{}
+	for _, ep := range list.Items {
+		ips[ep.Spec.IP] = true
+	}
+	if len(list.Items) != 200 || len(ips) != 200 {
+		t.Fatalf("%d endpoints with %d distinct addresses, want 200 and 200", len(list.Items), len(ips))
+	}
+
+	// Delete everything; then no claim may remain once the repair loop ran.
+	if err := c.NetworkingV1alpha1().Endpoints("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.NetworkingV1alpha1().Subnets().Delete(ctx, tag, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.NetworkingV1alpha1().Vpcs().Delete(ctx, tag, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	etcdc, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + filepath.Join(dir, "etcd", "client.sock")}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcdc.Close()
+	var left []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		resp, err := etcdc.Get(ctx, "/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		left = left[:0]
+		for _, kv := range resp.Kvs {
+			if strings.Contains(string(kv.Key), "/claims/") {
+				left = append(left, string(kv.Key))
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("claims left 30 s after deleting everything: %v", left)
+	}
 }
