@@ -138,8 +138,24 @@ func (c *Cluster) path(elem ...string) string {
 	return filepath.Join(append([]string{c.opts.Dir}, elem...)...)
 }
 
+// removeStaleNetns deletes namespaces left by runs whose process is gone (a
+// test binary killed before its cleanup ran; its servers died with it).
+func removeStaleNetns() {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "mizar-e2e-%d-%d", &pid, &n); err != nil {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
+}
+
 // makeNetns creates a namespace joined to the host by a veth pair on a free /30.
 func (c *Cluster) makeNetns() error {
+	removeStaleNetns()
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return fmt.Errorf("listing host addresses: %w", err)
