@@ -63,7 +63,7 @@ vet:
 	$(GO) vet ./...
 
 verify-fmt:
-	@out=$$(gofmt -l cmd pkg test); if [ -n "$$out" ]; then echo "gofmt needed:" >&2; echo "$$out" >&2; exit 1; fi
+	@out=$$(gofmt -l cmd pkg test hack); if [ -n "$$out" ]; then echo "gofmt needed:" >&2; echo "$$out" >&2; exit 1; fi
 
 verify-deps:
 	hack/verify-deps.sh
