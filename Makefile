@@ -14,7 +14,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow
 
 all: build
 
@@ -72,7 +72,7 @@ vet:
 	$(GO) vet ./...
 
 verify-fmt:
-	@out=$$(gofmt -l cmd pkg test); if [ -n "$$out" ]; then echo "gofmt needed:" >&2; echo "$$out" >&2; exit 1; fi
+	@out=$$(gofmt -l cmd pkg test hack); if [ -n "$$out" ]; then echo "gofmt needed:" >&2; echo "$$out" >&2; exit 1; fi
 
 verify-deps:
 	hack/verify-deps.sh
@@ -81,6 +81,10 @@ verify-codegen:
 	hack/verify-codegen.sh
 
 bench: bench-apiserver bench-workflow bench-dataplane
+
+# The e2e-aggregated control plane, kept running for kubectl by hand (Ctrl-C stops it; needs root).
+cluster: kube-binaries build
+	$(GO) run ./hack/local-cluster
 
 # Droplet creates direct, through the aggregator, and of an equivalent CRD (one run; ratios in the log).
 bench-aggregated: kube-binaries build

@@ -109,6 +109,10 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "control plane ready in %v (kube-apiserver %s, mizar-apiserver %s)\n", time.Since(start).Round(time.Millisecond), cl.KubeURL, cl.MizarURL)
 	code := m.Run()
+	if code != 0 && os.Getenv("MIZAR_KEEP") != "" {
+		keep = true
+		fmt.Fprintln(os.Stderr, "aggregated: kept the control plane's files (logs/, pki/) in", dir)
+	}
 	if err := cl.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "aggregated: stopping the control plane:", err)
 		code = 1

@@ -138,8 +138,24 @@ func (c *Cluster) path(elem ...string) string {
 	return filepath.Join(append([]string{c.opts.Dir}, elem...)...)
 }
 
+// removeStaleNetns deletes namespaces left by runs whose process is gone (a
+// test binary killed before its cleanup ran; its servers died with it).
+func removeStaleNetns() {
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		var pid, n int
+		if _, err := fmt.Sscanf(e.Name(), "mizar-e2e-%d-%d", &pid, &n); err != nil {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+		}
+	}
+}
+
 // makeNetns creates a namespace joined to the host by a veth pair on a free /30.
 func (c *Cluster) makeNetns() error {
+	removeStaleNetns()
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return fmt.Errorf("listing host addresses: %w", err)
@@ -308,6 +324,8 @@ func (c *Cluster) startKube(ctx context.Context) error {
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file="+p("front-proxy-client.crt"), "--proxy-client-key-file="+p("front-proxy-client.key"),
 		"--enable-aggregator-routing=true",
+		// The node agent's DaemonSet is privileged (it loads BPF programs), as CNI agents are.
+		"--allow-privileged=true",
 	); err != nil {
 		return err
 	}
@@ -327,6 +345,9 @@ func (c *Cluster) startKube(ctx context.Context) error {
 		if _, err := c.start("kube-controller-manager", false, c.opts.KubeControllerManager,
 			"--kubeconfig="+kcm, "--authentication-kubeconfig="+kcm, "--authorization-kubeconfig="+kcm,
 			"--controllers=clusterrole-aggregation,namespace,garbagecollector",
+			// Each controller acts as its own ServiceAccount (TokenRequest), with the
+			// bootstrap RBAC roles kube-apiserver creates for them, as in kubeadm clusters.
+			"--use-service-account-credentials=true",
 			"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0"); err != nil {
 			return err
 		}
@@ -503,8 +524,8 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 
 // stopOrder: the clients of mizar-apiserver's watches (kube-controller-manager's
 // informers, proxied by kube-apiserver) go first, so mizar-apiserver shuts down
-// without open watches; the etcds last.
-var stopOrder = []string{"kube-controller-manager", "kube-apiserver", "mizar-apiserver", "mizar-etcd", "etcd"}
+// without open watches; then mizar before the kube-apiserver its informers watch.
+var stopOrder = []string{"kube-controller-manager", "mizar-apiserver", "mizar-etcd", "kube-apiserver", "etcd"}
 
 // Stop ends every process and deletes the namespace.
 func (c *Cluster) Stop() error {
