@@ -262,14 +262,19 @@ func Describe(in *brokerv1.ServiceInstance) string {
 // reconcile advances one order. It returns when to look again without a watch
 // event (zero: only when something changes).
 func (c *Controller) reconcile(ctx context.Context, namespace, name string) (time.Duration, error) {
-	cached, err := c.instances.ServiceInstances(namespace).Get(name)
+	if _, err := c.instances.ServiceInstances(namespace).Get(name); apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	// The watch wakes us, but the order is read from the server: right after our
+	// own status write the cache is often one write behind, and acting on it
+	// would only end in a conflict and a backoff.
+	in, err := c.orders.ServiceInstances(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("reading the order: %w", err)
 	}
-	in := cached.DeepCopy()
 	if in.DeletionTimestamp == nil && !slices.Contains(in.Finalizers, Finalizer) {
 		in.Finalizers = append(in.Finalizers, Finalizer)
 		if in, err = c.orders.ServiceInstances(namespace).Update(ctx, in, metav1.UpdateOptions{}); err != nil {

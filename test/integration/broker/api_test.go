@@ -19,7 +19,7 @@ import (
 )
 
 // createClass stores the shipped mysql class under a name of the test's own.
-func createClass(t *testing.T) *v1.ServiceClass {
+func createClass(t testing.TB) *v1.ServiceClass {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "../../../artifacts/broker/mysql-class.yaml"))

@@ -41,7 +41,7 @@ func (c *creates) get(key string) int {
 	return c.n[key]
 }
 
-func workload(t *testing.T) (*kubefake.Clientset, *creates) {
+func workload() (*kubefake.Clientset, *creates) {
 	kube := kubefake.NewClientset()
 	cr := &creates{n: map[string]int{}}
 	kube.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -56,7 +56,7 @@ func workload(t *testing.T) (*kubefake.Clientset, *creates) {
 
 // startOperator runs the fulfillment operator until the returned stop is called
 // (or the test ends).
-func startOperator(t *testing.T, kube *kubefake.Clientset) (stop func()) {
+func startOperator(t testing.TB, kube *kubefake.Clientset) (stop func()) {
 	t.Helper()
 	c, err := fulfillment.New(shared.Client, kube)
 	if err != nil {
@@ -137,7 +137,7 @@ func workloadGone(t *testing.T, kube *kubefake.Clientset, ns, name string) {
 func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, cr := workload(t)
+	kube, cr := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 
@@ -203,7 +203,7 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns, suffix := "team-"+utilrand.String(6), utilrand.String(6)
 	vpc := &networkingv1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: "vpc-" + suffix}, Spec: networkingv1.VpcSpec{CIDR: "10.0.0.0/16"}}
@@ -250,7 +250,7 @@ func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	ns := "locked-" + utilrand.String(6)
 	kube.PrependReactor("create", "statefulsets", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetNamespace() != ns {
@@ -281,7 +281,7 @@ func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 func TestDeprovisionDuringProvisioningStopsAndCleansUp(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, "db", c.Name, "small", ""), metav1.CreateOptions{}); err != nil {
@@ -300,7 +300,7 @@ func TestDeprovisionDuringProvisioningStopsAndCleansUp(t *testing.T) {
 func TestDeadlineFailsAndCompensates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	o := order(ns, "db", c.Name, "small", "")
@@ -325,7 +325,7 @@ func TestDeadlineFailsAndCompensates(t *testing.T) {
 func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, cr := workload(t)
+	kube, cr := workload()
 	stop := startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, "db", c.Name, "ha", ""), metav1.CreateOptions{}); err != nil {

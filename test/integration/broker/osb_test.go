@@ -33,7 +33,7 @@ var creds = osb.Credentials{Username: "platform", Password: "a-long-enough-passw
 // osbFixture is a facade over the shared mizar-apiserver on its own TLS
 // listener, with the fulfillment operator and a fake workload cluster.
 type osbFixture struct {
-	t         *testing.T
+	t         testing.TB
 	url       string
 	http      *http.Client
 	ns        string
@@ -46,7 +46,7 @@ type osbFixture struct {
 
 func newOSB(t *testing.T) *osbFixture {
 	c := createClassWithIDs(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "osb-" + utilrand.String(6)
 	srv := httptest.NewTLSServer(osb.New(shared.Client, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
@@ -57,7 +57,7 @@ func newOSB(t *testing.T) *osbFixture {
 
 // createClassWithIDs is the mysql class with ids of the test's own, so the
 // catalog lookups of parallel runs cannot meet.
-func createClassWithIDs(t *testing.T) *v1.ServiceClass {
+func createClassWithIDs(t testing.TB) *v1.ServiceClass {
 	c := createClass(t)
 	suffix := utilrand.String(8)
 	c.Spec.ID += "-" + suffix
