@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -233,7 +234,7 @@ func applyProgress(in *brokerv1.ServiceInstance, p *saga.Progress) {
 	case saga.Failed:
 		st.Phase = brokerv1.PhaseFailed
 		st.ConnectionSecret = ""
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", p.Reason+"; everything it made was removed"
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", p.Reason+"; "+undone(p)
 	case saga.Cancelled:
 		st.Phase = brokerv1.PhaseDeprovisioning
 		st.ConnectionSecret = ""
@@ -241,6 +242,24 @@ func applyProgress(in *brokerv1.ServiceInstance, p *saga.Progress) {
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 }
+
+// undone says what compensation removed, e.g. "removed what CreatingService,
+// CreatingSecret made".
+func undone(p *saga.Progress) string {
+	var names []string
+	for i := len(p.Steps) - 1; i >= 0; i-- {
+		if p.Steps[i].State == saga.Compensated && makers[p.Steps[i].Name] {
+			names = append(names, p.Steps[i].Name)
+		}
+	}
+	if len(names) == 0 {
+		return "nothing had been made"
+	}
+	return "removed what " + strings.Join(names, ", ") + " made"
+}
+
+// makers are the steps that make something in the workload cluster.
+var makers = map[string]bool{StepSecret: true, StepService: true, StepStatefulSet: true}
 
 // Describe says where an order is, for people: the step in progress and its
 // latest message, e.g. "step 6 of 6 (WaitingForReplicas): waiting for 2/3 replicas ready".

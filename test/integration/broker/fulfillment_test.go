@@ -269,7 +269,7 @@ func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 	})
 	r := meta.FindStatusCondition(in.Status.Conditions, fulfillment.ConditionReady)
 	if !strings.Contains(r.Message, "step 4 of 5 (CreatingStatefulSet) failed: creating the StatefulSet") || !strings.Contains(r.Message, "forbidden") ||
-		!strings.Contains(r.Message, "everything it made was removed") {
+		!strings.HasSuffix(r.Message, "; removed what CreatingStatefulSet, CreatingService, CreatingSecret made") {
 		t.Errorf("Ready message %q", r.Message)
 	}
 	if s := stepOf(in, fulfillment.StepSecret); s.State != v1.StepCompensated {
