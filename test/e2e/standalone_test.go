@@ -372,7 +372,10 @@ func TestShortNamesAndDiscovery(t *testing.T) {
 		}
 		byCategory := lines(mustKubectl(t, "api-resources", "--categories", "mizar", "-o", "name"))
 		sort.Strings(byCategory)
-		want := []string{"bouncers.networking.mizar.dev", "dividers.networking.mizar.dev", "droplets.networking.mizar.dev", "endpoints.networking.mizar.dev", "subnets.networking.mizar.dev", "vpcs.networking.mizar.dev"}
+		// The broker's kinds are mizar's too.
+		want := []string{"bouncers.networking.mizar.dev", "dividers.networking.mizar.dev", "droplets.networking.mizar.dev", "endpoints.networking.mizar.dev",
+			"servicebindings.broker.mizar.dev", "serviceclasses.broker.mizar.dev", "serviceinstances.broker.mizar.dev",
+			"subnets.networking.mizar.dev", "vpcs.networking.mizar.dev"}
 		if !slices.Equal(byCategory, want) {
 			t.Errorf("kubectl api-resources --categories mizar lists %q, want %q", byCategory, want)
 		}
