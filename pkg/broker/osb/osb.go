@@ -278,9 +278,26 @@ func (b *Broker) GetInstance(context.Context, string, domain.FetchInstanceDetail
 	return domain.GetInstanceDetailsSpec{}, errNotFound
 }
 
-// Update is not offered (plan_updateable is false): a plan change would resize
-// a running database, which the saga does not do yet.
-func (b *Broker) Update(context.Context, string, domain.UpdateDetails, bool) (domain.UpdateServiceSpec, error) {
+// Update accepts only what changes nothing (the same plan, no parameters):
+// plan_updateable is false, and resizing a running database is not something
+// the saga does yet. Anything else is refused with nothing changed.
+func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, _ bool) (domain.UpdateServiceSpec, error) {
+	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return domain.UpdateServiceSpec{}, errNotFound
+	}
+	if err != nil {
+		return domain.UpdateServiceSpec{}, fmt.Errorf("reading the order: %w", err)
+	}
+	samePlan := d.PlanID == ""
+	if !samePlan {
+		_, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
+		samePlan = err == nil && plan == in.Spec.Plan
+	}
+	noParams := len(d.RawParameters) == 0 || string(d.RawParameters) == "null" || string(d.RawParameters) == "{}"
+	if samePlan && noParams {
+		return domain.UpdateServiceSpec{}, nil
+	}
 	return domain.UpdateServiceSpec{}, apiresponses.ErrPlanChangeNotSupported
 }
 

@@ -223,6 +223,11 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 		t.Fatalf("never succeeded: %v", lo.body)
 	}
 	f.expect(f.do("PUT", path+"?accepts_incomplete=true", f.provisionBody(f.haID, params), nil), 200, "identical provision when done")
+	f.expect(f.do("PATCH", path+"?accepts_incomplete=true", map[string]any{"service_id": f.serviceID, "plan_id": f.haID}, nil), 200, "update that changes nothing")
+	f.expect(f.do("PATCH", path+"?accepts_incomplete=true", map[string]any{"service_id": f.serviceID, "plan_id": f.smallID}, nil), 422, "plan change")
+	if in, err := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Get(testContext(t), id, metav1.GetOptions{}); err != nil || in.Spec.Plan != "ha" {
+		t.Errorf("a refused plan change changed the order: %v %v", err, in.Spec.Plan)
+	}
 
 	bindPath := path + "/service_bindings/b1"
 	bindBody := map[string]any{"service_id": f.serviceID, "plan_id": f.haID}
