@@ -362,7 +362,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDe
 		ObjectMeta: metav1.ObjectMeta{Name: bindingID, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
 		Spec:       brokerv1.ServiceBindingSpec{Instance: id},
 	}
-	created, err := bindings.Create(ctx, sb, metav1.CreateOptions{})
+	_, err = bindings.Create(ctx, sb, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
 		if err != nil {
@@ -376,12 +376,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDe
 	if err != nil {
 		return domain.Binding{}, fmt.Errorf("recording the binding: %w", err)
 	}
-	created.Status.Phase = brokerv1.PhaseProvisioned
-	created.Status.SecretName = in.Status.ConnectionSecret
-	created.Status.ObservedGeneration = created.Generation
-	if _, err := bindings.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return domain.Binding{}, fmt.Errorf("recording the binding's status: %w", err)
-	}
+	// Its status is the fulfillment operator's to write, as for one made with kubectl.
 	return domain.Binding{Credentials: creds}, nil
 }
 

@@ -177,6 +177,14 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 		t.Errorf("credentials Secret: %v %+v", err, secret)
 	}
 
+	// A binding made early waits for the instance, woken by the watch.
+	if _, err := shared.Client.BrokerV1alpha1().ServiceBindings(ns).Create(ctx, &v1.ServiceBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: v1.ServiceBindingSpec{Instance: "db"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitBinding(t, ns, "app", "InstanceNotReady")
+
 	markReady(t, kube, ns, "db", 2)
 	waitOrder(t, ns, "db", "saw 2/3", func(in *v1.ServiceInstance) bool {
 		return stepOf(in, fulfillment.StepReplicas).Message == "waiting for 2/3 replicas ready"
@@ -190,6 +198,9 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 		if n := cr.get(key); n != 1 {
 			t.Errorf("%s created %d times", key, n)
 		}
+	}
+	if b := waitBinding(t, ns, "app", "Bound"); b.Status.SecretName != "db-credentials" || b.Status.Phase != v1.PhaseProvisioned {
+		t.Errorf("binding status %+v", b.Status)
 	}
 
 	// Deprovision removes everything, then the order.
@@ -351,4 +362,23 @@ func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	if err != nil || after.StringData["password"] != before.StringData["password"] {
 		t.Errorf("credentials changed across the restart (%v)", err)
 	}
+}
+
+// waitBinding waits until the binding's Ready condition has reason.
+func waitBinding(t *testing.T, ns, name, reason string) *v1.ServiceBinding {
+	t.Helper()
+	var last *v1.ServiceBinding
+	err := wait.PollUntilContextTimeout(testContext(t), 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		b, err := shared.Client.BrokerV1alpha1().ServiceBindings(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = b
+		r := meta.FindStatusCondition(b.Status.Conditions, fulfillment.ConditionReady)
+		return r != nil && r.Reason == reason, nil
+	})
+	if err != nil {
+		t.Fatalf("binding %s/%s never %s: %v; last %+v", ns, name, reason, err, last)
+	}
+	return last
 }

@@ -238,9 +238,8 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 		t.Errorf("credentials %v", cr)
 	}
 	f.expect(f.do("PUT", bindPath, bindBody, nil), 200, "identical bind")
-	sb, err := shared.Client.BrokerV1alpha1().ServiceBindings(f.ns).Get(testContext(t), "b1", metav1.GetOptions{})
-	if err != nil || sb.Status.SecretName != id+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
-		t.Errorf("ServiceBinding %v %+v", err, sb)
+	if sb := waitBinding(t, f.ns, "b1", "Bound"); sb.Status.SecretName != id+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
+		t.Errorf("ServiceBinding status %+v", sb.Status)
 	}
 	f.expect(f.do("DELETE", bindPath+"?service_id="+f.serviceID+"&plan_id="+f.haID, nil, nil), 200, "unbind")
 	f.expect(f.do("DELETE", bindPath+"?service_id="+f.serviceID+"&plan_id="+f.haID, nil, nil), 410, "unbind of a gone binding")
