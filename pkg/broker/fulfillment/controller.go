@@ -8,6 +8,7 @@ package fulfillment
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -100,8 +101,15 @@ func New(mizar versioned.Interface, workload kubernetes.Interface) (*Controller,
 		h   cache.ResourceEventHandler
 	}{
 		{instInf.Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { enqueue(o); c.instanceChanged(o) },
-			UpdateFunc: func(_, o any) { enqueue(o); c.instanceChanged(o) },
+			AddFunc: func(o any) { enqueue(o); c.instanceChanged(o) },
+			UpdateFunc: func(old, o any) {
+				// Our own status writes come back as updates; acting on them would
+				// skip the backoff. Only what someone else changes wakes the order.
+				if ordered(old, o) {
+					enqueue(o)
+				}
+				c.instanceChanged(o)
+			},
 			DeleteFunc: c.instanceChanged,
 		}},
 		{bindInf.Informer(), cache.ResourceEventHandlerFuncs{
@@ -228,4 +236,16 @@ func (c *Controller) nextBinding(ctx context.Context) bool {
 	}
 	c.bindingQueue.Forget(key)
 	return true
+}
+
+// ordered reports whether an update of an order changed what its owner asks
+// for: the spec (generation), deletion, or finalizers.
+func ordered(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(*brokerv1.ServiceInstance)
+	n, ok2 := newObj.(*brokerv1.ServiceInstance)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		!slices.Equal(o.Finalizers, n.Finalizers)
 }

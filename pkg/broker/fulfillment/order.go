@@ -246,16 +246,25 @@ func applyProgress(in *brokerv1.ServiceInstance, p *saga.Progress) {
 // undone says what compensation removed, e.g. "removed what CreatingService,
 // CreatingSecret made".
 func undone(p *saga.Progress) string {
-	var names []string
+	var names, left []string
 	for i := len(p.Steps) - 1; i >= 0; i-- {
-		if p.Steps[i].State == saga.Compensated && makers[p.Steps[i].Name] {
-			names = append(names, p.Steps[i].Name)
+		s := p.Steps[i]
+		switch {
+		case s.State != saga.Compensated || !makers[s.Name]:
+		case strings.HasPrefix(s.Message, saga.NotUndone):
+			left = append(left, s.Name+" ("+s.Message+")")
+		default:
+			names = append(names, s.Name)
 		}
 	}
-	if len(names) == 0 {
-		return "nothing had been made"
+	out := "nothing had been made"
+	if len(names) > 0 {
+		out = "removed what " + strings.Join(names, ", ") + " made"
 	}
-	return "removed what " + strings.Join(names, ", ") + " made"
+	if len(left) > 0 {
+		out += "; could not remove what " + strings.Join(left, ", ") + " made"
+	}
+	return out
 }
 
 // makers are the steps that make something in the workload cluster.
