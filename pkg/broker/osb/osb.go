@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -21,13 +22,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	brokerinformers "mizar.dev/pkg/generated/informers/externalversions/broker/v1alpha1"
+	brokerlisters "mizar.dev/pkg/generated/listers/broker/v1alpha1"
 )
 
 const (
@@ -46,14 +51,28 @@ type Broker struct {
 	workload kubernetes.Interface
 	// namespace holds every order placed through the facade: OSB ids carry no namespace.
 	namespace string
+	// classes is the catalog, watched: every provision reads it twice.
+	classes  brokerlisters.ServiceClassLister
+	informer cache.SharedIndexInformer
 }
 
 var _ domain.ServiceBroker = &Broker{}
 
 // New returns the broker. Orders go to namespace, credentials are read from
-// the workload cluster.
+// the workload cluster. Start must run before it serves.
 func New(mizar versioned.Interface, workload kubernetes.Interface, namespace string) *Broker {
-	return &Broker{mizar: mizar, workload: workload, namespace: namespace}
+	inf := brokerinformers.NewServiceClassInformer(mizar, 0, cache.Indexers{})
+	return &Broker{mizar: mizar, workload: workload, namespace: namespace,
+		classes: brokerlisters.NewServiceClassLister(inf.GetIndexer()), informer: inf}
+}
+
+// Start watches the catalog until ctx ends and returns once it is loaded.
+func (b *Broker) Start(ctx context.Context) error {
+	go b.informer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), b.informer.HasSynced) {
+		return fmt.Errorf("OSB API: the catalog never loaded: %w", ctx.Err())
+	}
+	return nil
 }
 
 // Handler is the HTTP API: Basic auth, then the version check, then the routes.
@@ -108,12 +127,13 @@ var (
 
 // Services is the catalog, read from the ServiceClasses.
 func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
-	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{})
+	classes, err := b.classes.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("listing service classes: %w", err)
 	}
-	out := make([]domain.Service, 0, len(classes.Items))
-	for _, c := range classes.Items {
+	sort.Slice(classes, func(i, j int) bool { return classes[i].Name < classes[j].Name })
+	out := make([]domain.Service, 0, len(classes))
+	for _, c := range classes {
 		s := domain.Service{
 			ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
 			PlanUpdatable: false, Tags: []string{c.Name},
@@ -139,11 +159,14 @@ func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
 
 // classFor finds the class and plan names of OSB service and plan ids.
 func (b *Broker) classFor(ctx context.Context, serviceID, planID string) (string, string, error) {
-	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{FieldSelector: "spec.id=" + serviceID})
+	classes, err := b.classes.List(labels.Everything())
 	if err != nil {
 		return "", "", fmt.Errorf("looking up service %s: %w", serviceID, err)
 	}
-	for _, c := range classes.Items {
+	for _, c := range classes {
+		if c.Spec.ID != serviceID {
+			continue
+		}
 		for _, p := range c.Spec.Plans {
 			if p.ID == planID {
 				return c.Name, p.Name, nil

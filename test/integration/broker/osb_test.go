@@ -49,7 +49,7 @@ func newOSB(t *testing.T) *osbFixture {
 	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "osb-" + utilrand.String(6)
-	srv := httptest.NewTLSServer(osb.New(shared.Client, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	srv := httptest.NewTLSServer(startBroker(t, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	t.Cleanup(srv.Close)
 	return &osbFixture{t: t, url: srv.URL, http: srv.Client(), ns: ns, kube: kube, class: c,
 		serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID, haID: c.Spec.Plans[1].ID}
@@ -367,4 +367,15 @@ func TestOSBListenerOfTheServer(t *testing.T) {
 	if _, err := apiservertest.New(t.TempDir(), "--broker-osb-address", "127.0.0.1:0"); err == nil || !strings.Contains(err.Error(), "no default password") {
 		t.Errorf("no credentials: %v", err)
 	}
+}
+
+// startBroker returns a facade whose catalog watch runs until the test ends.
+func startBroker(t testing.TB, kube *kubefake.Clientset, ns string) *osb.Broker {
+	b := osb.New(shared.Client, kube, ns)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
