@@ -372,7 +372,7 @@ func TestShortNamesAndDiscovery(t *testing.T) {
 		}
 		byCategory := lines(mustKubectl(t, "api-resources", "--categories", "mizar", "-o", "name"))
 		sort.Strings(byCategory)
-		// The broker's kinds are mizar's too.
+		// Both groups' kinds: `kubectl get mizar` shows the network and the broker's orders.
 		want := []string{"bouncers.networking.mizar.dev", "dividers.networking.mizar.dev", "droplets.networking.mizar.dev", "endpoints.networking.mizar.dev",
 			"servicebindings.broker.mizar.dev", "serviceclasses.broker.mizar.dev", "serviceinstances.broker.mizar.dev",
 			"subnets.networking.mizar.dev", "vpcs.networking.mizar.dev"}
