@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"code.cloudfoundry.org/brokerapi/v13/domain"
 	"go.etcd.io/etcd/server/v3/embed"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,6 +37,7 @@ import (
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/broker/fulfillment"
+	"mizar.dev/pkg/broker/osb"
 	"mizar.dev/pkg/broker/saga"
 )
 
@@ -255,6 +257,22 @@ func TestFulfillmentAgainstARealWorkloadCluster(t *testing.T) {
 	waitOrder(t, mizar, "mizar-broker", "db", "became Provisioned", func(in *v1.ServiceInstance) bool {
 		return in.Status.Phase == v1.PhaseProvisioned
 	})
+
+	// The OSB facade hands out the credentials the real Secret holds.
+	facade := osb.New(mizar.Client, workload, "mizar-broker")
+	if err := facade.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	binding, err := facade.Bind(ctx, "db", "app", domain.BindDetails{}, false)
+	if err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	if cr := binding.Credentials.(map[string]any); cr["password"] != string(secret.Data["password"]) || cr["host"] != "db.mizar-broker.svc" {
+		t.Errorf("bound credentials %v do not match the Secret", cr)
+	}
+	if _, err := facade.Unbind(ctx, "db", "app", domain.UnbindDetails{}, false); err != nil {
+		t.Errorf("unbind: %v", err)
+	}
 
 	// A namespace the identity does not serve: Forbidden fails the order, nothing is left.
 	if _, err := mizar.Client.BrokerV1alpha1().ServiceInstances("elsewhere").Create(ctx, order("elsewhere"), metav1.CreateOptions{}); err != nil {
