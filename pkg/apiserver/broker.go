@@ -163,9 +163,13 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, cer
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
+	b := osb.New(mizar, workload, o.OSBNamespace)
+	if err := b.Start(ctx); err != nil {
+		return err
+	}
 	l := o.osbListener
 	srv := &http.Server{
-		Handler:           osb.New(mizar, workload, o.OSBNamespace).Handler(o.osbCreds, slog.Default()),
+		Handler:           b.Handler(o.osbCreds, slog.Default()),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 	}

@@ -8,6 +8,7 @@ package fulfillment
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -45,9 +46,12 @@ type Controller struct {
 	subnets   networkinglisters.SubnetLister
 	byIndex   cache.Indexer
 	queue     workqueue.TypedRateLimitingInterface[cache.ObjectName]
-	synced    []cache.InformerSynced
-	now       func() time.Time
-	start     func(<-chan struct{})
+
+	bindingIndex cache.Indexer
+	bindingQueue workqueue.TypedRateLimitingInterface[cache.ObjectName]
+	synced       []cache.InformerSynced
+	now          func() time.Time
+	start        func(<-chan struct{})
 }
 
 // New wires the operator to mizar (orders, classes, subnets) and to the
@@ -60,6 +64,7 @@ func New(mizar versioned.Interface, workload kubernetes.Interface) (*Controller,
 	subnetInf := mf.Networking().V1alpha1().Subnets()
 	classInf := mf.Broker().V1alpha1().ServiceClasses()
 	stsInf := kf.Apps().V1().StatefulSets()
+	bindInf := mf.Broker().V1alpha1().ServiceBindings()
 
 	c := &Controller{
 		orders:    mizar.BrokerV1alpha1(),
@@ -70,7 +75,13 @@ func New(mizar versioned.Interface, workload kubernetes.Interface) (*Controller,
 		byIndex:   instInf.Informer().GetIndexer(),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
 			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "fulfillment"}),
+		bindingIndex: bindInf.Informer().GetIndexer(),
+		bindingQueue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[cache.ObjectName](),
+			workqueue.TypedRateLimitingQueueConfig[cache.ObjectName]{Name: "fulfillment-bindings"}),
 		now: time.Now,
+	}
+	if err := bindInf.Informer().AddIndexers(cache.Indexers{instanceIndex: bindingInstanceKey}); err != nil {
+		return nil, fmt.Errorf("indexing bindings by instance: %w", err)
 	}
 	if err := instInf.Informer().AddIndexers(cache.Indexers{subnetIndex: func(obj any) ([]string, error) {
 		if in, ok := obj.(*brokerv1.ServiceInstance); ok && in.Spec.Subnet != "" {
@@ -89,7 +100,22 @@ func New(mizar versioned.Interface, workload kubernetes.Interface) (*Controller,
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
 	}{
-		{instInf.Informer(), cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }}},
+		{instInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { enqueue(o); c.instanceChanged(o) },
+			UpdateFunc: func(old, o any) {
+				// Our own status writes come back as updates; acting on them would
+				// skip the backoff. Only what someone else changes wakes the order.
+				if ordered(old, o) {
+					enqueue(o)
+				}
+				c.instanceChanged(o)
+			},
+			DeleteFunc: c.instanceChanged,
+		}},
+		{bindInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { c.enqueueBinding(o) },
+			UpdateFunc: func(_, o any) { c.enqueueBinding(o) },
+		}},
 		{subnetInf.Informer(), cache.ResourceEventHandlerFuncs{
 			AddFunc:    c.subnetChanged,
 			UpdateFunc: func(_, o any) { c.subnetChanged(o) },
@@ -148,6 +174,7 @@ func (c *Controller) statefulSetChanged(obj any) {
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	defer utilruntime.HandleCrash()
 	defer c.queue.ShutDown()
+	defer c.bindingQueue.ShutDown()
 	c.start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		// Stopped while starting is a stop like any other.
@@ -157,6 +184,10 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	for i := 0; i < workers; i++ {
 		go wait.UntilWithContext(ctx, c.worker, time.Second)
 	}
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		for c.nextBinding(ctx) {
+		}
+	}, time.Second)
 	<-ctx.Done()
 	return nil
 }
@@ -184,4 +215,37 @@ func (c *Controller) next(ctx context.Context) bool {
 		c.queue.AddAfter(key, after)
 	}
 	return true
+}
+
+func (c *Controller) enqueueBinding(obj any) {
+	if key, err := cache.ObjectToName(obj); err == nil {
+		c.bindingQueue.Add(key)
+	}
+}
+
+func (c *Controller) nextBinding(ctx context.Context) bool {
+	key, quit := c.bindingQueue.Get()
+	if quit {
+		return false
+	}
+	defer c.bindingQueue.Done(key)
+	if err := c.reconcileBinding(ctx, key.Namespace, key.Name); err != nil {
+		utilruntime.HandleError(fmt.Errorf("binding %s: %w", key, err))
+		c.bindingQueue.AddRateLimited(key)
+		return true
+	}
+	c.bindingQueue.Forget(key)
+	return true
+}
+
+// ordered reports whether an update of an order changed what its owner asks
+// for: the spec (generation), deletion, or finalizers.
+func ordered(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(*brokerv1.ServiceInstance)
+	n, ok2 := newObj.(*brokerv1.ServiceInstance)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		!slices.Equal(o.Finalizers, n.Finalizers)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -233,7 +234,7 @@ func applyProgress(in *brokerv1.ServiceInstance, p *saga.Progress) {
 	case saga.Failed:
 		st.Phase = brokerv1.PhaseFailed
 		st.ConnectionSecret = ""
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", p.Reason+"; everything it made was removed"
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Failed", p.Reason+"; "+undone(p)
 	case saga.Cancelled:
 		st.Phase = brokerv1.PhaseDeprovisioning
 		st.ConnectionSecret = ""
@@ -241,6 +242,33 @@ func applyProgress(in *brokerv1.ServiceInstance, p *saga.Progress) {
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 }
+
+// undone says what compensation removed, e.g. "removed what CreatingService,
+// CreatingSecret made".
+func undone(p *saga.Progress) string {
+	var names, left []string
+	for i := len(p.Steps) - 1; i >= 0; i-- {
+		s := p.Steps[i]
+		switch {
+		case s.State != saga.Compensated || !makers[s.Name]:
+		case strings.HasPrefix(s.Message, saga.NotUndone):
+			left = append(left, s.Name+" ("+s.Message+")")
+		default:
+			names = append(names, s.Name)
+		}
+	}
+	out := "nothing had been made"
+	if len(names) > 0 {
+		out = "removed what " + strings.Join(names, ", ") + " made"
+	}
+	if len(left) > 0 {
+		out += "; could not remove what " + strings.Join(left, ", ") + " made"
+	}
+	return out
+}
+
+// makers are the steps that make something in the workload cluster.
+var makers = map[string]bool{StepSecret: true, StepService: true, StepStatefulSet: true}
 
 // Describe says where an order is, for people: the step in progress and its
 // latest message, e.g. "step 6 of 6 (WaitingForReplicas): waiting for 2/3 replicas ready".
@@ -262,14 +290,19 @@ func Describe(in *brokerv1.ServiceInstance) string {
 // reconcile advances one order. It returns when to look again without a watch
 // event (zero: only when something changes).
 func (c *Controller) reconcile(ctx context.Context, namespace, name string) (time.Duration, error) {
-	cached, err := c.instances.ServiceInstances(namespace).Get(name)
+	if _, err := c.instances.ServiceInstances(namespace).Get(name); apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	// The watch wakes us, but the order is read from the server: right after our
+	// own status write the cache is often one write behind, and acting on it
+	// would only end in a conflict and a backoff.
+	in, err := c.orders.ServiceInstances(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("reading the order: %w", err)
 	}
-	in := cached.DeepCopy()
 	if in.DeletionTimestamp == nil && !slices.Contains(in.Finalizers, Finalizer) {
 		in.Finalizers = append(in.Finalizers, Finalizer)
 		if in, err = c.orders.ServiceInstances(namespace).Update(ctx, in, metav1.UpdateOptions{}); err != nil {

@@ -255,14 +255,14 @@ func remove(ctx context.Context, what string, get func() (metav1.Object, error),
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading the %s: %w", what, err)
+		return classify("reading the "+what, err)
 	}
 	if obj.GetLabels()[LabelInstanceUID] != string(in.UID) {
 		// Not ours (the create step refused it): leave it.
 		return nil
 	}
 	if err := del(); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting the %s: %w", what, err)
+		return classify("deleting the "+what, err)
 	}
 	return nil
 }
@@ -285,17 +285,19 @@ func deleteService(ctx context.Context, kube kubernetes.Interface, in *brokerv1.
 // replicas: the retention policy needs a controller that may not be running.
 func deleteStatefulSet(ctx context.Context, kube kubernetes.Interface, in *brokerv1.ServiceInstance) error {
 	c, name := kube.AppsV1().StatefulSets(in.Namespace), namesOf(in).statefulSet
-	fg := metav1.DeletePropagationForeground
+	// Background: the StatefulSet goes at once and the garbage collector takes its pods;
+	// foreground would leave it behind wherever no collector runs.
+	bg := metav1.DeletePropagationBackground
 	err := remove(ctx, "StatefulSet",
 		func() (metav1.Object, error) { return c.Get(ctx, name, metav1.GetOptions{}) },
-		func() error { return c.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &fg}) }, in)
+		func() error { return c.Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &bg}) }, in)
 	if err != nil {
 		return err
 	}
 	sel := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: map[string]string{LabelInstanceUID: string(in.UID)}})
 	err = kube.CoreV1().PersistentVolumeClaims(in.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting the StatefulSet's volume claims: %w", err)
+		return classify("deleting the StatefulSet's volume claims", err)
 	}
 	return nil
 }

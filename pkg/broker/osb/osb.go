@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -21,13 +22,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	brokerinformers "mizar.dev/pkg/generated/informers/externalversions/broker/v1alpha1"
+	brokerlisters "mizar.dev/pkg/generated/listers/broker/v1alpha1"
 )
 
 const (
@@ -46,14 +51,28 @@ type Broker struct {
 	workload kubernetes.Interface
 	// namespace holds every order placed through the facade: OSB ids carry no namespace.
 	namespace string
+	// classes is the catalog, watched: every provision reads it twice.
+	classes  brokerlisters.ServiceClassLister
+	informer cache.SharedIndexInformer
 }
 
 var _ domain.ServiceBroker = &Broker{}
 
 // New returns the broker. Orders go to namespace, credentials are read from
-// the workload cluster.
+// the workload cluster. Start must run before it serves.
 func New(mizar versioned.Interface, workload kubernetes.Interface, namespace string) *Broker {
-	return &Broker{mizar: mizar, workload: workload, namespace: namespace}
+	inf := brokerinformers.NewServiceClassInformer(mizar, 0, cache.Indexers{})
+	return &Broker{mizar: mizar, workload: workload, namespace: namespace,
+		classes: brokerlisters.NewServiceClassLister(inf.GetIndexer()), informer: inf}
+}
+
+// Start watches the catalog until ctx ends and returns once it is loaded.
+func (b *Broker) Start(ctx context.Context) error {
+	go b.informer.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), b.informer.HasSynced) {
+		return fmt.Errorf("OSB API: the catalog never loaded: %w", ctx.Err())
+	}
+	return nil
 }
 
 // Handler is the HTTP API: Basic auth, then the version check, then the routes.
@@ -108,12 +127,13 @@ var (
 
 // Services is the catalog, read from the ServiceClasses.
 func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
-	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{})
+	classes, err := b.classes.List(labels.Everything())
 	if err != nil {
 		return nil, fmt.Errorf("listing service classes: %w", err)
 	}
-	out := make([]domain.Service, 0, len(classes.Items))
-	for _, c := range classes.Items {
+	sort.Slice(classes, func(i, j int) bool { return classes[i].Name < classes[j].Name })
+	out := make([]domain.Service, 0, len(classes))
+	for _, c := range classes {
 		s := domain.Service{
 			ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
 			PlanUpdatable: false, Tags: []string{c.Name},
@@ -139,11 +159,14 @@ func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
 
 // classFor finds the class and plan names of OSB service and plan ids.
 func (b *Broker) classFor(ctx context.Context, serviceID, planID string) (string, string, error) {
-	classes, err := b.mizar.BrokerV1alpha1().ServiceClasses().List(ctx, metav1.ListOptions{FieldSelector: "spec.id=" + serviceID})
+	classes, err := b.classes.List(labels.Everything())
 	if err != nil {
 		return "", "", fmt.Errorf("looking up service %s: %w", serviceID, err)
 	}
-	for _, c := range classes.Items {
+	for _, c := range classes {
+		if c.Spec.ID != serviceID {
+			continue
+		}
 		for _, p := range c.Spec.Plans {
 			if p.ID == planID {
 				return c.Name, p.Name, nil
@@ -278,9 +301,26 @@ func (b *Broker) GetInstance(context.Context, string, domain.FetchInstanceDetail
 	return domain.GetInstanceDetailsSpec{}, errNotFound
 }
 
-// Update is not offered (plan_updateable is false): a plan change would resize
-// a running database, which the saga does not do yet.
-func (b *Broker) Update(context.Context, string, domain.UpdateDetails, bool) (domain.UpdateServiceSpec, error) {
+// Update accepts only what changes nothing (the same plan, no parameters):
+// plan_updateable is false, and resizing a running database is not something
+// the saga does yet. Anything else is refused with nothing changed.
+func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, _ bool) (domain.UpdateServiceSpec, error) {
+	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return domain.UpdateServiceSpec{}, errNotFound
+	}
+	if err != nil {
+		return domain.UpdateServiceSpec{}, fmt.Errorf("reading the order: %w", err)
+	}
+	samePlan := d.PlanID == ""
+	if !samePlan {
+		_, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
+		samePlan = err == nil && plan == in.Spec.Plan
+	}
+	noParams := len(d.RawParameters) == 0 || string(d.RawParameters) == "null" || string(d.RawParameters) == "{}"
+	if samePlan && noParams {
+		return domain.UpdateServiceSpec{}, nil
+	}
 	return domain.UpdateServiceSpec{}, apiresponses.ErrPlanChangeNotSupported
 }
 
@@ -345,7 +385,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDe
 		ObjectMeta: metav1.ObjectMeta{Name: bindingID, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
 		Spec:       brokerv1.ServiceBindingSpec{Instance: id},
 	}
-	created, err := bindings.Create(ctx, sb, metav1.CreateOptions{})
+	_, err = bindings.Create(ctx, sb, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
 		if err != nil {
@@ -359,12 +399,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDe
 	if err != nil {
 		return domain.Binding{}, fmt.Errorf("recording the binding: %w", err)
 	}
-	created.Status.Phase = brokerv1.PhaseProvisioned
-	created.Status.SecretName = in.Status.ConnectionSecret
-	created.Status.ObservedGeneration = created.Generation
-	if _, err := bindings.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return domain.Binding{}, fmt.Errorf("recording the binding's status: %w", err)
-	}
+	// Its status is the fulfillment operator's to write, as for one made with kubectl.
 	return domain.Binding{Credentials: creds}, nil
 }
 

@@ -26,9 +26,13 @@ type Step struct {
 	// Permanent error when retrying cannot help, and any other error to be retried.
 	Do func(ctx context.Context) error
 	// Undo removes what Do made, or finds it gone. Nil for steps that make nothing.
-	// Errors are retried with backoff until Undo succeeds: compensation must converge.
+	// Errors are retried with backoff until Undo succeeds; a Permanent error
+	// gives up on this step (its message says NotUndone) and goes on with the rest.
 	Undo func(ctx context.Context) error
 }
+
+// NotUndone starts the message of a step whose undo failed permanently.
+const NotUndone = "not undone"
 
 // Phase is where the whole saga is.
 type Phase string
@@ -352,7 +356,14 @@ func (s *Saga) compensate(ctx context.Context, p *Progress) (Result, bool, error
 		sp.State, sp.FinishedAt = Compensated, now
 		return Result{}, true, s.persist(ctx, p)
 	}
-	// Compensation must converge: every error is retried, permanent ones included.
+	if IsPermanent(err) {
+		// Retrying cannot help (e.g. the permission to delete is gone): say what
+		// was left behind and go on undoing the rest, so the order still ends.
+		sp.State, sp.FinishedAt = Compensated, now
+		sp.Message = fmt.Sprintf("%s: %v", NotUndone, err)
+		return Result{}, true, s.persist(ctx, p)
+	}
+	// Compensation must converge: other errors are retried with backoff.
 	if sp.State != Undoing {
 		// The forward attempts no longer drive anything; count the undo's.
 		sp.State, sp.Attempts = Undoing, 0

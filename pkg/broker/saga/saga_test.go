@@ -342,8 +342,17 @@ func TestUndoRetriesUntilItConverges(t *testing.T) {
 	w.failures["do:WaitingForReplicas"] = 1
 	p := &saga.Progress{}
 	s := newSaga(w, st, c)
-	// The undo of the Service fails twice (transient and even "permanent").
+	// The undo of the Service fails twice, transiently.
 	w.failures["undo:CreatingService"] = 2
+	undoErr := errors.New("etcdserver: leader changed")
+	orig := s.Steps[2].Undo
+	s.Steps[2].Undo = func(ctx context.Context) error {
+		if w.failures["undo:CreatingService"] > 0 {
+			w.failures["undo:CreatingService"]--
+			return undoErr
+		}
+		return orig(ctx)
+	}
 	r, err := s.Run(context.Background(), p)
 	if err != nil || r.Finished || r.RequeueAfter != 750*time.Millisecond {
 		t.Fatalf("first undo failure: %+v, %v", r, err)
@@ -420,5 +429,23 @@ func TestPersistedProgressMustMatchTheSteps(t *testing.T) {
 	}
 	if _, err := newSaga(w, &store{}, &clock{}).Run(context.Background(), p); err == nil {
 		t.Error("unknown phase accepted")
+	}
+}
+
+func TestPermanentUndoErrorIsRecordedAndCompensationGoesOn(t *testing.T) {
+	w, st, c := newWorld(), &store{}, &clock{}
+	w.err = saga.Permanent(errors.New(`secrets is forbidden: cannot delete in namespace "team"`))
+	w.failures["do:WaitingForReplicas"] = 1
+	w.failures["undo:CreatingService"] = 1
+	p := &saga.Progress{}
+	r, err := newSaga(w, st, c).Run(context.Background(), p)
+	if err != nil || !r.Finished || p.Phase != saga.Failed {
+		t.Fatalf("Run = %+v, %v, phase %s", r, err, p.Phase)
+	}
+	if s := p.Steps[2]; s.State != saga.Compensated || !strings.HasPrefix(s.Message, saga.NotUndone+": secrets is forbidden") {
+		t.Errorf("service step %+v", s)
+	}
+	if !w.exists["CreatingService"] || w.exists["CreatingSecret"] || w.exists["CreatingStatefulSet"] {
+		t.Errorf("left %v: only the Service should remain", w.exists)
 	}
 }

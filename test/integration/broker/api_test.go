@@ -19,7 +19,7 @@ import (
 )
 
 // createClass stores the shipped mysql class under a name of the test's own.
-func createClass(t *testing.T) *v1.ServiceClass {
+func createClass(t testing.TB) *v1.ServiceClass {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "../../../artifacts/broker/mysql-class.yaml"))
@@ -230,4 +230,28 @@ func cells(tbl *metav1.Table) map[string]any {
 		row[c.Name] = tbl.Rows[0].Cells[i]
 	}
 	return row
+}
+
+// TestShippedExamplesAreAccepted applies artifacts/examples/broker.yaml (after the class).
+func TestShippedExamplesAreAccepted(t *testing.T) {
+	ctx := testContext(t)
+	_, file, _, _ := runtime.Caller(0)
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(file), "../../../artifacts/examples/broker.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(data), "\n---\n")
+	in, b := &v1.ServiceInstance{}, &v1.ServiceBinding{}
+	if len(docs) != 2 || yaml.UnmarshalStrict([]byte(docs[0]), in) != nil || yaml.UnmarshalStrict([]byte(docs[1]), b) != nil {
+		t.Fatalf("artifacts/examples/broker.yaml: want a ServiceInstance and a ServiceBinding")
+	}
+	c := createClass(t)
+	ns := "shop-" + utilrand.String(6)
+	in.Namespace, in.Spec.Class, b.Namespace = ns, c.Name, ns
+	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, in, metav1.CreateOptions{}); err != nil {
+		t.Errorf("example order: %v", err)
+	}
+	if _, err := shared.Client.BrokerV1alpha1().ServiceBindings(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Errorf("example binding: %v", err)
+	}
 }

@@ -41,7 +41,7 @@ func (c *creates) get(key string) int {
 	return c.n[key]
 }
 
-func workload(t *testing.T) (*kubefake.Clientset, *creates) {
+func workload() (*kubefake.Clientset, *creates) {
 	kube := kubefake.NewClientset()
 	cr := &creates{n: map[string]int{}}
 	kube.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -56,7 +56,7 @@ func workload(t *testing.T) (*kubefake.Clientset, *creates) {
 
 // startOperator runs the fulfillment operator until the returned stop is called
 // (or the test ends).
-func startOperator(t *testing.T, kube *kubefake.Clientset) (stop func()) {
+func startOperator(t testing.TB, kube *kubefake.Clientset) (stop func()) {
 	t.Helper()
 	c, err := fulfillment.New(shared.Client, kube)
 	if err != nil {
@@ -137,7 +137,7 @@ func workloadGone(t *testing.T, kube *kubefake.Clientset, ns, name string) {
 func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, cr := workload(t)
+	kube, cr := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 
@@ -177,6 +177,14 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 		t.Errorf("credentials Secret: %v %+v", err, secret)
 	}
 
+	// A binding made early waits for the instance, woken by the watch.
+	if _, err := shared.Client.BrokerV1alpha1().ServiceBindings(ns).Create(ctx, &v1.ServiceBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "app"}, Spec: v1.ServiceBindingSpec{Instance: "db"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitBinding(t, ns, "app", "InstanceNotReady")
+
 	markReady(t, kube, ns, "db", 2)
 	waitOrder(t, ns, "db", "saw 2/3", func(in *v1.ServiceInstance) bool {
 		return stepOf(in, fulfillment.StepReplicas).Message == "waiting for 2/3 replicas ready"
@@ -191,6 +199,9 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 			t.Errorf("%s created %d times", key, n)
 		}
 	}
+	if b := waitBinding(t, ns, "app", "Bound"); b.Status.SecretName != "db-credentials" || b.Status.Phase != v1.PhaseProvisioned {
+		t.Errorf("binding status %+v", b.Status)
+	}
 
 	// Deprovision removes everything, then the order.
 	if err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Delete(ctx, "db", metav1.DeleteOptions{}); err != nil {
@@ -203,7 +214,7 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns, suffix := "team-"+utilrand.String(6), utilrand.String(6)
 	vpc := &networkingv1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: "vpc-" + suffix}, Spec: networkingv1.VpcSpec{CIDR: "10.0.0.0/16"}}
@@ -250,7 +261,7 @@ func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	ns := "locked-" + utilrand.String(6)
 	kube.PrependReactor("create", "statefulsets", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetNamespace() != ns {
@@ -269,7 +280,7 @@ func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 	})
 	r := meta.FindStatusCondition(in.Status.Conditions, fulfillment.ConditionReady)
 	if !strings.Contains(r.Message, "step 4 of 5 (CreatingStatefulSet) failed: creating the StatefulSet") || !strings.Contains(r.Message, "forbidden") ||
-		!strings.Contains(r.Message, "everything it made was removed") {
+		!strings.HasSuffix(r.Message, "; removed what CreatingStatefulSet, CreatingService, CreatingSecret made") {
 		t.Errorf("Ready message %q", r.Message)
 	}
 	if s := stepOf(in, fulfillment.StepSecret); s.State != v1.StepCompensated {
@@ -281,7 +292,7 @@ func TestForbiddenNamespaceFailsAndCompensates(t *testing.T) {
 func TestDeprovisionDuringProvisioningStopsAndCleansUp(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, "db", c.Name, "small", ""), metav1.CreateOptions{}); err != nil {
@@ -300,7 +311,7 @@ func TestDeprovisionDuringProvisioningStopsAndCleansUp(t *testing.T) {
 func TestDeadlineFailsAndCompensates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	o := order(ns, "db", c.Name, "small", "")
@@ -325,7 +336,7 @@ func TestDeadlineFailsAndCompensates(t *testing.T) {
 func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	ctx := testContext(t)
 	c := createClass(t)
-	kube, cr := workload(t)
+	kube, cr := workload()
 	stop := startOperator(t, kube)
 	ns := "team-" + utilrand.String(6)
 	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, "db", c.Name, "ha", ""), metav1.CreateOptions{}); err != nil {
@@ -351,4 +362,23 @@ func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	if err != nil || after.StringData["password"] != before.StringData["password"] {
 		t.Errorf("credentials changed across the restart (%v)", err)
 	}
+}
+
+// waitBinding waits until the binding's Ready condition has reason.
+func waitBinding(t *testing.T, ns, name, reason string) *v1.ServiceBinding {
+	t.Helper()
+	var last *v1.ServiceBinding
+	err := wait.PollUntilContextTimeout(testContext(t), 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		b, err := shared.Client.BrokerV1alpha1().ServiceBindings(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = b
+		r := meta.FindStatusCondition(b.Status.Conditions, fulfillment.ConditionReady)
+		return r != nil && r.Reason == reason, nil
+	})
+	if err != nil {
+		t.Fatalf("binding %s/%s never %s: %v; last %+v", ns, name, reason, err, last)
+	}
+	return last
 }

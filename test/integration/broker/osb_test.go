@@ -33,7 +33,7 @@ var creds = osb.Credentials{Username: "platform", Password: "a-long-enough-passw
 // osbFixture is a facade over the shared mizar-apiserver on its own TLS
 // listener, with the fulfillment operator and a fake workload cluster.
 type osbFixture struct {
-	t         *testing.T
+	t         testing.TB
 	url       string
 	http      *http.Client
 	ns        string
@@ -46,10 +46,10 @@ type osbFixture struct {
 
 func newOSB(t *testing.T) *osbFixture {
 	c := createClassWithIDs(t)
-	kube, _ := workload(t)
+	kube, _ := workload()
 	startOperator(t, kube)
 	ns := "osb-" + utilrand.String(6)
-	srv := httptest.NewTLSServer(osb.New(shared.Client, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	srv := httptest.NewTLSServer(startBroker(t, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
 	t.Cleanup(srv.Close)
 	return &osbFixture{t: t, url: srv.URL, http: srv.Client(), ns: ns, kube: kube, class: c,
 		serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID, haID: c.Spec.Plans[1].ID}
@@ -57,7 +57,7 @@ func newOSB(t *testing.T) *osbFixture {
 
 // createClassWithIDs is the mysql class with ids of the test's own, so the
 // catalog lookups of parallel runs cannot meet.
-func createClassWithIDs(t *testing.T) *v1.ServiceClass {
+func createClassWithIDs(t testing.TB) *v1.ServiceClass {
 	c := createClass(t)
 	suffix := utilrand.String(8)
 	c.Spec.ID += "-" + suffix
@@ -223,6 +223,11 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 		t.Fatalf("never succeeded: %v", lo.body)
 	}
 	f.expect(f.do("PUT", path+"?accepts_incomplete=true", f.provisionBody(f.haID, params), nil), 200, "identical provision when done")
+	f.expect(f.do("PATCH", path+"?accepts_incomplete=true", map[string]any{"service_id": f.serviceID, "plan_id": f.haID}, nil), 200, "update that changes nothing")
+	f.expect(f.do("PATCH", path+"?accepts_incomplete=true", map[string]any{"service_id": f.serviceID, "plan_id": f.smallID}, nil), 422, "plan change")
+	if in, err := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Get(testContext(t), id, metav1.GetOptions{}); err != nil || in.Spec.Plan != "ha" {
+		t.Errorf("a refused plan change changed the order: %v %v", err, in.Spec.Plan)
+	}
 
 	bindPath := path + "/service_bindings/b1"
 	bindBody := map[string]any{"service_id": f.serviceID, "plan_id": f.haID}
@@ -233,9 +238,8 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 		t.Errorf("credentials %v", cr)
 	}
 	f.expect(f.do("PUT", bindPath, bindBody, nil), 200, "identical bind")
-	sb, err := shared.Client.BrokerV1alpha1().ServiceBindings(f.ns).Get(testContext(t), "b1", metav1.GetOptions{})
-	if err != nil || sb.Status.SecretName != id+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
-		t.Errorf("ServiceBinding %v %+v", err, sb)
+	if sb := waitBinding(t, f.ns, "b1", "Bound"); sb.Status.SecretName != id+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
+		t.Errorf("ServiceBinding status %+v", sb.Status)
 	}
 	f.expect(f.do("DELETE", bindPath+"?service_id="+f.serviceID+"&plan_id="+f.haID, nil, nil), 200, "unbind")
 	f.expect(f.do("DELETE", bindPath+"?service_id="+f.serviceID+"&plan_id="+f.haID, nil, nil), 410, "unbind of a gone binding")
@@ -363,4 +367,15 @@ func TestOSBListenerOfTheServer(t *testing.T) {
 	if _, err := apiservertest.New(t.TempDir(), "--broker-osb-address", "127.0.0.1:0"); err == nil || !strings.Contains(err.Error(), "no default password") {
 		t.Errorf("no credentials: %v", err)
 	}
+}
+
+// startBroker returns a facade whose catalog watch runs until the test ends.
+func startBroker(t testing.TB, kube *kubefake.Clientset, ns string) *osb.Broker {
+	b := osb.New(shared.Client, kube, ns)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

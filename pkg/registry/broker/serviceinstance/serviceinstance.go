@@ -63,23 +63,36 @@ func NewOperation(action string) string {
 	return action + "-" + utilrand.String(10)
 }
 
-// StepSummary shows where a saga is: the first step that is not done ("3/6
-// CreatingStatefulSet"), or the last step once all are done or undone.
+// StepSummary shows where a saga is ("3/6 CreatingStatefulSet"): the step
+// running or being undone; else the first one not started; once everything is
+// undone, the step that failed (the one undone step that kept its message);
+// once everything is done, the last step.
 func StepSummary(st *broker.ServiceInstanceStatus) string {
 	n := len(st.Steps)
+	at := func(i int) string { return fmt.Sprintf("%d/%d %s", i+1, n, st.Steps[i].Name) }
 	if n == 0 {
 		return ""
 	}
 	for i, s := range st.Steps {
-		if s.State != broker.StepDone {
-			// During compensation the interesting step is the one being undone.
-			if s.State == broker.StepCompensated {
-				continue
-			}
-			return fmt.Sprintf("%d/%d %s", i+1, n, s.Name)
+		if s.State == broker.StepRunning || s.State == broker.StepFailed || s.State == broker.StepCompensating {
+			return at(i)
 		}
 	}
-	return fmt.Sprintf("%d/%d %s", n, n, st.Steps[n-1].Name)
+	compensated := -1
+	for i, s := range st.Steps {
+		if s.State == broker.StepCompensated && (compensated < 0 || s.Message != "") {
+			compensated = i
+		}
+	}
+	if compensated >= 0 {
+		return at(compensated)
+	}
+	for i, s := range st.Steps {
+		if s.State != broker.StepDone {
+			return at(i)
+		}
+	}
+	return at(n - 1)
 }
 
 // NewREST returns the storage of service instances and their /status. classes is

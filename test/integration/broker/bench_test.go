@@ -1,0 +1,124 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// BenchmarkProvision measures, in one run on the in-process server:
+//
+//   - the OSB provision answer (202 with the operation: the order is stored)
+//     under 50 concurrent platforms, beside a plain create of the same
+//     ServiceInstance through the Kubernetes API path;
+//
+//   - how long an order takes to become a StatefulSet in the workload cluster.
+//
+//     go test ./test/integration/broker -run '^$' -bench Provision -benchtime 1x
+func BenchmarkProvision(b *testing.B) {
+	const concurrent, perWorker = 50, 10
+	ctx := context.Background()
+	c := createClassWithIDs(b)
+	kube, _ := workload()
+	ns := "bench-" + utilrand.String(6)
+	srv := httptest.NewTLSServer(startBroker(b, kube, ns).Handler(creds, slog.New(slog.NewTextHandler(io.Discard, nil))))
+	defer srv.Close()
+	// A platform keeps its connections: one per concurrent request, not a TLS
+	// handshake per provision.
+	hc := srv.Client()
+	hc.Transport.(*http.Transport).MaxIdleConnsPerHost = concurrent
+	f := &osbFixture{t: b, url: srv.URL, http: hc, ns: ns, serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID}
+
+	run := func(name string, op func(i int) error) []time.Duration {
+		var (
+			mu  sync.Mutex
+			lat []time.Duration
+			wg  sync.WaitGroup
+		)
+		for w := 0; w < concurrent; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for j := 0; j < perWorker; j++ {
+					start := time.Now()
+					if err := op(w*perWorker + j); err != nil {
+						b.Errorf("%s: %v", name, err)
+						return
+					}
+					d := time.Since(start)
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+				}
+			}(w)
+		}
+		wg.Wait()
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		return lat
+	}
+	pct := func(l []time.Duration, p float64) time.Duration { return l[int(float64(len(l)-1)*p)] }
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+	// Order -> StatefulSet, first and on its own: one order at a time, timed
+	// from its create to the StatefulSet's ADDED event in the workload cluster.
+	w, err := kube.AppsV1().StatefulSets(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	stop := startOperator(b, kube)
+	const orders = 20
+	var toSts []time.Duration
+	for i := 0; i < orders; i++ {
+		name := fmt.Sprintf("s%s-%d", utilrand.String(5), i)
+		t0 := time.Now()
+		if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, name, c.Name, "small", ""), metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		for seen := false; !seen; {
+			select {
+			case ev := <-w.ResultChan():
+				seen = ev.Type == watch.Added && ev.Object.(metav1.Object).GetName() == name
+			case <-time.After(time.Minute):
+				b.Fatalf("order %s never became a StatefulSet", name)
+			}
+		}
+		toSts = append(toSts, time.Since(t0))
+	}
+	sort.Slice(toSts, func(i, j int) bool { return toSts[i] < toSts[j] })
+	stop()
+
+	// The answers, with the operator stopped so both paths see the same server.
+	for i := 0; i < b.N; i++ {
+		prefix := utilrand.String(5)
+		plain := run("kube create", func(i int) error {
+			_, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, fmt.Sprintf("k%s-%d", prefix, i), c.Name, "small", ""), metav1.CreateOptions{})
+			return err
+		})
+		viaOSB := run("osb provision", func(i int) error {
+			r := f.do("PUT", fmt.Sprintf("/v2/service_instances/o%s-%d?accepts_incomplete=true", prefix, i), f.provisionBody(f.smallID, nil), nil)
+			if r.code != 202 {
+				return fmt.Errorf("HTTP %d %v", r.code, r.body)
+			}
+			return nil
+		})
+		b.ReportMetric(ms(pct(viaOSB, 0.5)), "osb-p50-ms")
+		b.ReportMetric(ms(pct(viaOSB, 0.99)), "osb-p99-ms")
+		b.ReportMetric(ms(pct(plain, 0.5)), "kube-p50-ms")
+		b.ReportMetric(ms(pct(plain, 0.99)), "kube-p99-ms")
+		b.ReportMetric(float64(pct(viaOSB, 0.99))/float64(pct(plain, 0.99)), "osb/kube-p99")
+		b.ReportMetric(ms(pct(toSts, 0.5)), "order-to-sts-p50-ms")
+	}
+
+}
