@@ -8,6 +8,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -124,6 +125,25 @@ func SetCondition(conds *[]metav1.Condition, generation int64, typ string, statu
 	return meta.SetStatusCondition(conds, metav1.Condition{
 		Type: typ, Status: s, Reason: reason, Message: message, ObservedGeneration: generation,
 	})
+}
+
+// The condition a divider or bouncer carries about what it names: its VPC or
+// subnet, and the droplet it is placed on. One made by hand may name objects
+// that do not exist; it is held (no agent serves it) with a condition that says so.
+const (
+	ConditionReferences    = "ReferencesResolved"
+	ReasonReferencesFound  = "ReferencesFound"
+	ReasonReferenceMissing = "ReferenceNotFound"
+)
+
+// SetReferences sets the ReferencesResolved condition from the names that were
+// not found, and reports whether it changed.
+func SetReferences(conds *[]metav1.Condition, generation int64, missing []string) bool {
+	if len(missing) == 0 {
+		return SetCondition(conds, generation, ConditionReferences, true, ReasonReferencesFound, "every object it names exists")
+	}
+	return SetCondition(conds, generation, ConditionReferences, false, ReasonReferenceMissing,
+		strings.Join(missing, " and ")+" not found; create it, or fix the spec")
 }
 
 // AddIndex adds a named index to an informer unless another operator sharing the
