@@ -7,6 +7,7 @@ tool github.com/cilium/ebpf/cmd/bpf2go
 require (
 	code.cloudfoundry.org/brokerapi/v13 v13.0.0
 	github.com/cilium/ebpf v0.22.0
+	github.com/containernetworking/cni v1.3.0
 	github.com/containernetworking/plugins v1.9.1
 	github.com/gopacket/gopacket v1.7.7
 	github.com/pmorie/go-open-service-broker-client v0.0.0-20180330214919-dca737037ce6
