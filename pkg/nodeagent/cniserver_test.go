@@ -10,7 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -27,7 +31,7 @@ import (
 	"mizar.dev/pkg/dataplane"
 )
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		const why = "needs root: creates network namespaces, veths and BPF attachments"
@@ -38,7 +42,7 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-func suffix(t *testing.T) string {
+func suffix(t testing.TB) string {
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)
@@ -48,7 +52,7 @@ func suffix(t *testing.T) string {
 
 // netnsAdd creates a named netns, deleted when the test ends (with every
 // link in it).
-func netnsAdd(t *testing.T, name string) string {
+func netnsAdd(t testing.TB, name string) string {
 	t.Helper()
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
@@ -61,7 +65,7 @@ func netnsAdd(t *testing.T, name string) string {
 	return "/run/netns/" + name
 }
 
-func handle(t *testing.T, path string) *netlink.Handle {
+func handle(t testing.TB, path string) *netlink.Handle {
 	t.Helper()
 	h, err := handleAt(path)
 	if err != nil {
@@ -72,7 +76,7 @@ func handle(t *testing.T, path string) *netlink.Handle {
 }
 
 type cniEnv struct {
-	t        *testing.T
+	t        testing.TB
 	sfx      string
 	cni      *libcni.CNIConfig
 	socket   string
@@ -93,7 +97,7 @@ type cniEnv struct {
 // droplet's API side (over a Recorder: the host/bouncer maps are not what is
 // tested here), and the CNI server on its socket; the plugin binary is built
 // and driven through libcni.
-func newCNIEnv(t *testing.T) *cniEnv {
+func newCNIEnv(t testing.TB) *cniEnv {
 	requireRoot(t)
 	e := &cniEnv{t: t, sfx: suffix(t)}
 	dir := t.TempDir()
@@ -386,4 +390,88 @@ func TestCNIQueuedDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.nothingLeft(rt, podH)
+}
+
+// BenchmarkCNIAdd measures ADD latency through the plugin binary and libcni,
+// sequentially and 100 at once on one node, beside a baseline in the same
+// run: creating the veth pair alone (pod end in its netns), the floor any
+// CNI pays. Run with: go test -run '^$' -bench CNIAdd -benchtime 1x ./pkg/nodeagent
+func BenchmarkCNIAdd(b *testing.B) {
+	e := newCNIEnv(b)
+	ctx := context.Background()
+	l := e.conflist("1.1.0", e.subnet)
+	const n = 100
+	pct := func(d []time.Duration, p float64) time.Duration {
+		slices.Sort(d)
+		return d[int(float64(len(d)-1)*p)]
+	}
+	// Namespaces first: their creation is the runtime's cost, not the plugin's.
+	mk := func(prefix string) []*libcni.RuntimeConf {
+		rts := make([]*libcni.RuntimeConf, n)
+		for i := range rts {
+			rts[i], _ = e.pod(fmt.Sprintf("%s%d", prefix, i))
+		}
+		return rts
+	}
+	run := func(rts []*libcni.RuntimeConf, concurrent bool) []time.Duration {
+		lat := make([]time.Duration, len(rts))
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		for i, rt := range rts {
+			add := func() {
+				start := time.Now()
+				if _, err := e.cni.AddNetworkList(ctx, l, rt); err != nil {
+					b.Errorf("ADD %s: %v", rt.ContainerID, err)
+					failed.Add(1)
+				}
+				lat[i] = time.Since(start)
+			}
+			if concurrent {
+				wg.Add(1)
+				go func() { defer wg.Done(); add() }()
+			} else {
+				add()
+			}
+		}
+		wg.Wait()
+		if failed.Load() > 0 {
+			b.Fatalf("%d ADDs failed", failed.Load())
+		}
+		for _, rt := range rts {
+			if err := e.cni.DelNetworkList(ctx, l, rt); err != nil {
+				b.Errorf("DEL: %v", err)
+			}
+		}
+		return lat
+	}
+	// Baseline: the veth pair alone, created the same way.
+	base := make([]time.Duration, 0, n)
+	for i, rt := range mk("b") {
+		podNS, err := netns.GetFromPath(rt.NetNS)
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		err = e.nodeH.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("mzb%d", i)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(podNS))})
+		base = append(base, time.Since(start))
+		podNS.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	seq := run(mk("s"), false)
+	conc := run(mk("c"), true)
+	b.StopTimer()
+	bp50 := pct(base, .5)
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"seq", seq}, {"conc100", conc}} {
+		p50, p99 := pct(m.d, .5), pct(m.d, .99)
+		b.ReportMetric(float64(p50.Microseconds())/1000, m.name+"-p50-ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, m.name+"-p99-ms")
+		b.ReportMetric(float64(p50)/float64(bp50), m.name+"-p50/veth-p50")
+	}
+	b.ReportMetric(float64(bp50.Microseconds())/1000, "veth-p50-ms")
 }
