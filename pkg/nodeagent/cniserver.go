@@ -70,8 +70,7 @@ type CNIOptions struct {
 // different attachments run in parallel; only calls for the same
 // (container, interface) are serialised.
 type CNIServer struct {
-	o    CNIOptions
-	host *netlink.Handle
+	o CNIOptions
 
 	mu    sync.Mutex
 	locks map[string]*attachLock
@@ -100,11 +99,22 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CNI server: host netns: %w", err)
 	}
-	return &CNIServer{o: o, host: h, locks: map[string]*attachLock{}}, nil
+	h.Close()
+	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
 }
 
-// Close releases the host netlink handle.
-func (s *CNIServer) Close() { s.host.Close() }
+// Close releases the server's resources.
+func (s *CNIServer) Close() {}
+
+// hostHandle opens a netlink handle in the host netns for one request: a
+// shared handle would serialise every ADD on its socket lock.
+func (s *CNIServer) hostHandle() (*netlink.Handle, error) {
+	h, err := handleAt(s.o.HostNetns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in the host netns: %w", err)
+	}
+	return h, nil
+}
 
 func handleAt(path string) (*netlink.Handle, error) {
 	if path == "" {
@@ -295,6 +305,12 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		return nil, cniErr(cni.CodeInterfaceExists, fmt.Sprintf("mizar: interface %s already exists in %s", r.IfName, r.Netns), nil)
 	}
 
+	host, err := s.hostHandle()
+	if err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar-nodeagent: cannot reach the host netns", err)
+	}
+	defer host.Close()
+
 	st := &attachment{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns, Namespace: namespace, Endpoint: epName, HostIf: hostIf}
 	if err := s.writeState(id, st); err != nil {
 		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
@@ -308,6 +324,31 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	}()
 
 	podMAC, hostMAC := randomMAC(), randomMAC()
+	// The endpoint is created (and its IP allocated) while the links are
+	// made: the two are independent until the address is set.
+	type created struct {
+		ep  *v1alpha1.Endpoint
+		err error
+	}
+	cc := make(chan created, 1)
+	go func() {
+		ep, err := api.Endpoints(namespace).Create(ctx, &v1alpha1.Endpoint{
+			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id}},
+			Spec:       v1alpha1.EndpointSpec{Subnet: conf.Subnet, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
+		}, metav1.CreateOptions{FieldManager: fieldManager})
+		cc <- created{ep, err}
+	}()
+	var cr *created
+	waitCreated := func() created {
+		if cr == nil {
+			c := <-cc
+			cr = &c
+		}
+		return *cr
+	}
+	// Runs before the rollback above: it must see the endpoint if one was made.
+	defer waitCreated()
+
 	veth := &netlink.Veth{
 		LinkAttrs:        netlink.LinkAttrs{Name: hostIf, MTU: mtu, HardwareAddr: hostMAC},
 		PeerName:         r.IfName,
@@ -318,10 +359,10 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		// cost that makes other plugins' ADDs slow under load.
 		PeerNamespace: netlink.NsFd(int(podNS)),
 	}
-	if err := s.host.LinkAdd(veth); err != nil {
+	if err := host.LinkAdd(veth); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: creating the veth pair "+hostIf+"/"+r.IfName+" failed", err)
 	}
-	hl, err := s.host.LinkByName(hostIf)
+	hl, err := host.LinkByName(hostIf)
 	if err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: finding the new veth "+hostIf, err)
 	}
@@ -330,11 +371,8 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
 	}
 
-	ep := &v1alpha1.Endpoint{
-		ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id}},
-		Spec:       v1alpha1.EndpointSpec{Subnet: conf.Subnet, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
-	}
-	ep, err = api.Endpoints(namespace).Create(ctx, ep, metav1.CreateOptions{FieldManager: fieldManager})
+	c := waitCreated()
+	ep, err := c.ep, c.err
 	if err != nil {
 		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "no free address") {
 			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", conf.Subnet, subnet.Spec.CIDR), err)
@@ -366,7 +404,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	if err := podH.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw.AsSlice(), Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0"))}); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: adding the default route via "+gw.String(), err)
 	}
-	if err := s.host.LinkSetUp(hl); err != nil {
+	if err := host.LinkSetUp(hl); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: bringing "+hostIf+" up", err)
 	}
 	if err := s.o.Pods.AttachPod(hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
@@ -480,8 +518,13 @@ func (s *CNIServer) del(ctx context.Context, r *cni.Request) *types.Error {
 // teardown removes the attachment's program, veth pair, endpoint and state.
 func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) error {
 	var errs []error
+	host, err := s.hostHandle()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
 	ifindex := st.HostIfindex
-	if l, err := s.host.LinkByName(st.HostIf); err == nil {
+	if l, err := host.LinkByName(st.HostIf); err == nil {
 		ifindex = l.Attrs().Index
 	}
 	if ifindex > 0 {
@@ -489,8 +532,8 @@ func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) err
 			errs = append(errs, err)
 		}
 	}
-	if l, err := s.host.LinkByName(st.HostIf); err == nil {
-		if err := s.host.LinkDel(l); err != nil {
+	if l, err := host.LinkByName(st.HostIf); err == nil {
+		if err := host.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", st.HostIf, err))
 		}
 	}
