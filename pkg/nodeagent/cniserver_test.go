@@ -90,6 +90,7 @@ type cniEnv struct {
 	subnet   string
 	tiny     string // a /29: few addresses
 	stateDir string
+	bin      string // CNI_PATH holding the plugin
 }
 
 // newCNIEnv starts a real mizar-apiserver with its operators, a node netns
@@ -103,6 +104,7 @@ func newCNIEnv(t testing.TB) *cniEnv {
 	dir := t.TempDir()
 	e.socket, e.queue, e.stateDir = filepath.Join(dir, "cni.sock"), filepath.Join(dir, "queue"), filepath.Join(dir, "state")
 	bin := filepath.Join(dir, "bin")
+	e.bin = bin
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "mizar"), "mizar.dev/cmd/cni").CombinedOutput(); err != nil {
 		t.Fatalf("building the plugin: %v\n%s", err, out)
 	}
@@ -474,4 +476,55 @@ func BenchmarkCNIAdd(b *testing.B) {
 		b.ReportMetric(float64(p50)/float64(bp50), m.name+"-p50/veth-p50")
 	}
 	b.ReportMetric(float64(bp50.Microseconds())/1000, "veth-p50-ms")
+}
+
+// The real cnitool (at the cni module version go.mod pins) drives the plugin
+// as a runtime would: conflist in NETCONFPATH, plugin in CNI_PATH.
+func TestCNIWithCnitool(t *testing.T) {
+	e := newCNIEnv(t)
+	dir := t.TempDir()
+	tool := filepath.Join(dir, "cnitool")
+	if out, err := exec.Command("go", "build", "-o", tool, "github.com/containernetworking/cni/cnitool").CombinedOutput(); err != nil {
+		t.Fatalf("building cnitool: %v\n%s", err, out)
+	}
+	netName := "mizar-" + e.sfx
+	conf := fmt.Sprintf(`{"cniVersion": "1.1.0", "name": %q, "plugins": [{"type": "mizar", "vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`,
+		netName, e.vpc, e.subnet, e.socket, e.queue)
+	if err := os.WriteFile(filepath.Join(dir, "10-mizar.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt, podH := e.pod("tool")
+	cnitool := func(cmd string) (string, error) {
+		c := exec.Command(tool, cmd, netName, rt.NetNS)
+		c.Env = append(os.Environ(), "NETCONFPATH="+dir, "CNI_PATH="+e.bin, "CNI_ARGS=K8S_POD_NAMESPACE=default;K8S_POD_NAME=tool")
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	for _, cmd := range []string{"status", "add", "check", "del", "del"} {
+		out, err := cnitool(cmd)
+		if err != nil {
+			t.Fatalf("cnitool %s: %v\n%s", cmd, err, out)
+		}
+		if cmd == "add" {
+			if !strings.Contains(out, `"address": "10.77.1.`) || !strings.Contains(out, `"sandbox": "`+rt.NetNS+`"`) {
+				t.Errorf("cnitool add printed:\n%s", out)
+			}
+			if _, err := podH.LinkByName("eth0"); err != nil {
+				t.Errorf("no eth0 in the pod after cnitool add: %v", err)
+			}
+		}
+	}
+	if _, err := podH.LinkByName("eth0"); err == nil {
+		t.Error("eth0 left in the pod after cnitool del")
+	}
+	// cnitool's GC lists no valid attachment: everything goes.
+	if out, err := cnitool("add"); err != nil {
+		t.Fatalf("cnitool add: %v\n%s", err, out)
+	}
+	if out, err := cnitool("gc"); err != nil {
+		t.Fatalf("cnitool gc: %v\n%s", err, out)
+	}
+	if _, err := podH.LinkByName("eth0"); err == nil {
+		t.Error("eth0 left in the pod after cnitool gc")
+	}
 }
