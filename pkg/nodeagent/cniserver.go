@@ -718,3 +718,24 @@ func randomMAC() net.HardwareAddr {
 func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+// HostInterfaces lists the host-side veths of the attachments on record: the
+// agent keeps their pins at start and lets the datapath GC the rest (links
+// of pods deleted while no agent ran).
+func (s *CNIServer) HostInterfaces() ([]string, error) {
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("read the attachment state: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		if st, err := s.readState(id); err == nil {
+			out = append(out, st.HostIf)
+		}
+	}
+	return out, nil
+}

@@ -187,6 +187,13 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
 	}
+	// Pins of pods that vanished while no agent ran go; the attached pods'
+	// and the underlay's stay (they were updated in place above).
+	if ifs, err := srv.HostInterfaces(); err != nil {
+		klog.ErrorS(err, "Not collecting stale pins")
+	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name)) }); err != nil {
+		klog.ErrorS(err, "Collecting stale pins failed")
+	}
 	if o.HealthAddr != "" {
 		hs := &http.Server{Addr: o.HealthAddr, Handler: m.mux(), ReadHeaderTimeout: 10 * time.Second}
 		go func() {

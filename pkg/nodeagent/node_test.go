@@ -182,6 +182,24 @@ func TestTwoNodesPodsPing(t *testing.T) {
 		t.Logf("pod %d -> pod %d (%s): answered at ping %d", d[0], d[1], ips[d[1]], n)
 	}
 
+	// A second pod on node 0 reaches the first locally.
+	{
+		name := "mzt-pod2-" + sfx
+		path := netnsAdd(t, name)
+		rt := &libcni.RuntimeConf{ContainerID: "ctr-" + name, NetNS: path, IfName: "eth0"}
+		if _, err := cniCfg.AddNetworkList(ctx, lists[0], rt); err != nil {
+			t.Fatalf("ADD of a second pod on node 0: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := cniCfg.DelNetworkList(context.Background(), lists[0], rt); err != nil {
+				t.Errorf("DEL: %v", err)
+			}
+		})
+		if out, err := exec.Command("ip", "netns", "exec", name, "ping", "-c1", "-W2", ips[0]).CombinedOutput(); err != nil {
+			t.Errorf("pod on node 0 -> its neighbour pod %s: %v\n%s", ips[0], err, out)
+		}
+	}
+
 	// Restart node 0's agent while pod 1 pings pod 0 every 20 ms: the pinned
 	// maps and links are adopted, no packet is lost, nothing is attached twice.
 	pings := exec.Command("ip", "netns", "exec", podNS[1], "ping", "-q", "-i", "0.02", "-c", "150", "-W", "1", ips[0])
