@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -34,9 +35,11 @@ func TestStreamResumesAndRelists(t *testing.T) {
 	defer cancel()
 	c := srv.Client.NetworkingV1alpha1().Droplets()
 	node := "node-" + utilrand.String(5)
+	n := 0
 	mk := func(name string) *v1alpha1.Droplet {
+		n++ // droplets' underlay IPs are unique
 		d, err := c.Create(ctx, &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: node + "-" + name},
-			Spec: v1alpha1.DropletSpec{Node: node, IP: "192.168.0.1", MAC: "02:00:00:00:00:01", Interface: "eth0"}}, metav1.CreateOptions{})
+			Spec: v1alpha1.DropletSpec{Node: node, IP: fmt.Sprintf("192.168.0.%d", n), MAC: "02:00:00:00:00:01", Interface: "eth0"}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
