@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/dataplane"
 )
@@ -104,7 +105,13 @@ func TestTwoNodesPodsPing(t *testing.T) {
 			}
 		})
 		o := NewNodeOptions()
-		o.Kubeconfig, o.Droplet, o.Node, o.PinRoot, o.XDPGeneric = srv.Kubeconfig, n.name, n.name, pins, true
+		// The droplet's own identity, as in production: it may write only its
+		// own droplet's objects (the CNI server's endpoints among them).
+		kc := filepath.Join(dir, n.name+".kubeconfig")
+		if err := apiserver.IssueDropletKubeconfig(srv.DataDir, n.name, kc); err != nil {
+			t.Fatal(err)
+		}
+		o.Kubeconfig, o.Droplet, o.Node, o.PinRoot, o.XDPGeneric = kc, n.name, n.name, pins, true
 		o.CNISocket, o.DeleteQueue, o.StateDir, o.HealthAddr, o.HostNetns, o.Underlay = n.socket, n.queue, filepath.Join(dir, "state-"+n.name), "", n.path, "eth0"
 		n.opts = o
 		start(n)
