@@ -14,7 +14,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni cluster-up cluster-down
 
 all: build
 
@@ -103,5 +103,14 @@ bench-workflow:
 # one node, beside a bare veth create (needs root).
 bench-cni:
 	$(GO) test ./pkg/nodeagent -run '^$$' -bench CNIAdd -benchtime 1x -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
+
+# A local multi-node cluster (netns nodes on a bridge, real agents, pods added
+# with cnitool); needs root. MIZAR_NODES sets the node count (3).
+cluster-up: kubectl build
+	$(GO) build -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
+	hack/cluster-up.sh
+
+cluster-down:
+	hack/cluster-down.sh
 
 include hack/dataplane.mk
