@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
 
@@ -46,6 +50,12 @@ type Datapath struct {
 	bouncers listers.BouncerLister
 	dividers listers.DividerLister
 	kick     chan struct{}
+
+	client versioned.Interface
+	ctx    context.Context // Attach's: divider streams end with it
+
+	streamsMu sync.Mutex
+	streams   map[string]context.CancelFunc // "<divider>/<subnet>" -> its endpoint stream
 
 	mu     sync.Mutex
 	owners map[endpointID]map[string]bool // who asked for an endpoint entry: "host" or "bouncer/<name>"
@@ -84,7 +94,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
-		kick:   make(chan struct{}, 1),
+		kick:   make(chan struct{}, 1), client: o.Client, streams: map[string]context.CancelFunc{},
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{
@@ -111,6 +121,9 @@ func (d *Datapath) poke() {
 // Attach implements Dataplane: it syncs the topology, then attaches the
 // underlay program (updating a pinned attachment in place after a restart).
 func (d *Datapath) Attach(ctx context.Context) error {
+	d.streamsMu.Lock()
+	d.ctx = ctx
+	d.streamsMu.Unlock()
 	d.factory.Start(ctx.Done())
 	for typ, ok := range d.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -395,13 +408,66 @@ func (d *Datapath) DeleteBouncerEndpoint(bouncer, key string) error {
 // SetDivider implements Dataplane; the topology sync programs the subnets.
 func (d *Datapath) SetDivider(*v1alpha1.Divider) error { return nil }
 
-// DeleteDivider implements Dataplane.
-func (d *Datapath) DeleteDivider(string) error { return nil }
+// DeleteDivider implements Dataplane: its endpoint streams end and their
+// entries go.
+func (d *Datapath) DeleteDivider(name string) error {
+	d.streamsMu.Lock()
+	for key, cancel := range d.streams {
+		if strings.HasPrefix(key, name+"/") {
+			cancel()
+			delete(d.streams, key)
+		}
+	}
+	d.streamsMu.Unlock()
+	return d.DeleteBouncer("divider-" + name) // same bookkeeping, another owner name
+}
 
-// SetDividerSubnet implements Dataplane (see SetDivider).
-func (d *Datapath) SetDividerSubnet(string, *v1alpha1.Subnet) error { return nil }
+// SetDividerSubnet implements Dataplane. A divider relays packets whose inner
+// source is any endpoint of its VPC, and the underlay program accepts them
+// only from the host the endpoints map names for that source: so a divider's
+// host follows the endpoints of every subnet of the VPC, as a bouncer's host
+// does for its subnet.
+func (d *Datapath) SetDividerSubnet(divider string, s *v1alpha1.Subnet) error {
+	key := divider + "/" + s.Name
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if _, ok := d.streams[key]; ok || d.ctx == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	d.streams[key] = cancel
+	owner := "divider-" + divider
+	n := d.client.NetworkingV1alpha1()
+	st := &stream[*v1alpha1.Endpoint]{
+		name:     "endpoints of subnet " + s.Name + " for divider " + divider,
+		selector: fields.OneTermEqualSelector("spec.subnet", s.Name).String(),
+		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
+		set: func(ep *v1alpha1.Endpoint) error {
+			e, err := d.endpoint(ep)
+			if err != nil {
+				return err
+			}
+			return d.set("bouncer/"+owner, ep, e)
+		},
+		del:    func(k string) error { return d.unset("bouncer/"+owner, k) },
+		synced: func(context.Context, string) error { return nil },
+		events: &atomic.Int64{},
+	}
+	go st.run(ctx)
+	return nil
+}
 
-// DeleteDividerSubnet implements Dataplane (see SetDivider).
-func (d *Datapath) DeleteDividerSubnet(string, string) error { return nil }
+// DeleteDividerSubnet implements Dataplane: the subnet's endpoint stream ends
+// (its entries go with the divider or are replaced by the next relist).
+func (d *Datapath) DeleteDividerSubnet(divider, subnet string) error {
+	d.streamsMu.Lock()
+	defer d.streamsMu.Unlock()
+	if cancel, ok := d.streams[divider+"/"+subnet]; ok {
+		cancel()
+		delete(d.streams, divider+"/"+subnet)
+	}
+	return nil
+}
 
 var _ Dataplane = (*Datapath)(nil)

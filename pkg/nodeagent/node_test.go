@@ -189,6 +189,36 @@ func TestTwoNodesPodsPing(t *testing.T) {
 		t.Logf("pod %d -> pod %d (%s): answered at ping %d", d[0], d[1], ips[d[1]], n)
 	}
 
+	// A pod of another subnet on node 1 is reached from node 0's pod through
+	// the VPC's divider.
+	{
+		other := "sn2-" + sfx
+		if _, err := api.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: other}, Spec: v1alpha1.SubnetSpec{VPC: vpc, CIDR: "10.88.2.0/24"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion": "1.1.0", "name": "other", "plugins": [{"type": "mizar",
+			"vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`, vpc, other, nodes[1].socket, nodes[1].queue))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "mzt-pod3-" + sfx
+		rt := &libcni.RuntimeConf{ContainerID: "ctr-" + name, NetNS: netnsAdd(t, name), IfName: "eth0"}
+		r, err := cniCfg.AddNetworkList(ctx, l, rt)
+		if err != nil {
+			t.Fatalf("ADD into the second subnet: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := cniCfg.DelNetworkList(context.Background(), l, rt); err != nil {
+				t.Errorf("DEL: %v", err)
+			}
+		})
+		res, _ := types100.GetResult(r)
+		dst := res.IPs[0].Address.IP.String()
+		if out, err := exec.Command("ip", "netns", "exec", podNS[0], "ping", "-c1", "-W2", dst).CombinedOutput(); err != nil {
+			t.Errorf("pod 0 (subnet 1, node 0) -> %s (subnet 2, node 1): %v\n%s", dst, err, out)
+		}
+	}
+
 	// A second pod on node 0 reaches the first locally.
 	{
 		name := "mzt-pod2-" + sfx
