@@ -94,7 +94,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
-		kick:   make(chan struct{}, 1), client: o.Client, streams: map[string]context.CancelFunc{},
+		kick: make(chan struct{}, 1), client: o.Client, streams: map[string]context.CancelFunc{},
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{
