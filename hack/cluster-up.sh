@@ -52,6 +52,13 @@ for i in $(seq 1 "$NODES"); do
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
   ip -n mizar-ul link set "$node" master br0 up
+  # The underlay veths act as a NIC on a wire: segmentation and checksums are
+  # done before a frame leaves (a veth would hand them to the peer undone).
+  for side in "$ns eth0" "mizar-ul $node"; do
+    set -- $side
+    ip netns exec "$1" ethtool -K "$2" tx-checksum-ip-generic off tx-tcp-segmentation off tx-tcp6-segmentation off \
+      tx-generic-segmentation off tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off >/dev/null
+  done
   "$BIN/mizar-apiserver" droplet-kubeconfig --data-dir "$DATA" --droplet "$node" --out "$dir/kubeconfig"
   "$BIN/mizar-nodeagent" --kubeconfig "$dir/kubeconfig" --droplet "$node" --node "$node" \
     --host-netns "/run/netns/$ns" --underlay eth0 --xdp-generic --pin-root "/sys/fs/bpf/mizar-$node" \

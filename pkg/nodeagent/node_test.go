@@ -2,8 +2,13 @@ package nodeagent
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +19,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -87,6 +93,13 @@ func TestTwoNodesPodsPing(t *testing.T) {
 		}
 		if err := h.LinkSetUp(l); err != nil {
 			t.Fatal(err)
+		}
+		// The underlay veths act as a NIC on a wire: segmentation and checksums
+		// done before they leave (see pkg/dataplane's wireFeatures).
+		for _, side := range []struct{ ns, ifname string }{{n.path, "eth0"}, {brPath, fmt.Sprintf("p%d", i)}} {
+			if err := ns.WithNetNSPath(side.ns, func(ns.NetNS) error { return dataplane.SetFeatures(side.ifname, wireFeatures) }); err != nil {
+				t.Fatal(err)
+			}
 		}
 		p, _ := brH.LinkByName(fmt.Sprintf("p%d", i))
 		if err := brH.LinkSetMaster(p, br); err != nil {
@@ -219,6 +232,42 @@ func TestTwoNodesPodsPing(t *testing.T) {
 		}
 	}
 
+	// TCP across nodes, both ways: 4 MiB, checked by hash.
+	tcpTransfer(t, "/run/netns/"+podNS[0], "/run/netns/"+podNS[1], ips[1])
+	tcpTransfer(t, "/run/netns/"+podNS[1], "/run/netns/"+podNS[0], ips[0])
+
+	// A second VPC with the same CIDR stays apart: its pod on node 1 does not
+	// reach the first VPC's pod there (same address space, other VNI).
+	{
+		vpc2, sn := "vpc2-"+sfx, "sn-vpc2-"+sfx
+		if _, err := api.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc2}, Spec: v1alpha1.VpcSpec{CIDR: "10.88.0.0/16"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := api.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: sn}, Spec: v1alpha1.SubnetSpec{VPC: vpc2, CIDR: "10.88.1.0/24"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion": "1.1.0", "name": "vpc2", "plugins": [{"type": "mizar",
+			"vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`, vpc2, sn, nodes[1].socket, nodes[1].queue))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := "mzt-pod4-" + sfx
+		rt := &libcni.RuntimeConf{ContainerID: "ctr-" + name, NetNS: netnsAdd(t, name), IfName: "eth0"}
+		if _, err := cniCfg.AddNetworkList(ctx, l, rt); err != nil {
+			t.Fatalf("ADD into the second VPC: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := cniCfg.DelNetworkList(context.Background(), l, rt); err != nil {
+				t.Errorf("DEL: %v", err)
+			}
+		})
+		for _, dst := range ips {
+			if err := exec.Command("ip", "netns", "exec", name, "ping", "-c2", "-W1", dst).Run(); err == nil {
+				t.Errorf("a pod of VPC %s reached %s of VPC %s", vpc2, dst, vpc)
+			}
+		}
+	}
+
 	// A second pod on node 0 reaches the first locally.
 	{
 		name := "mzt-pod2-" + sfx
@@ -296,4 +345,56 @@ func (o *NodeOptions) linkCount() (int, error) {
 		n += len(pins)
 	}
 	return n, nil
+}
+
+// tcpTransfer sends 4 MiB from a socket in netns from to addr:7777 served in
+// netns to, and compares hashes.
+func tcpTransfer(t *testing.T, from, to, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.WithNetNSPath(to, func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp4", addr+":7777")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer c.Close()
+		h := sha256.New()
+		_, _ = io.Copy(h, c)
+		got <- hex.EncodeToString(h.Sum(nil))
+	}()
+	data := make([]byte, 4<<20)
+	_, _ = rand.Read(data)
+	want := sha256.Sum256(data)
+	if err := ns.WithNetNSPath(from, func(ns.NetNS) error {
+		c, err := net.DialTimeout("tcp4", addr+":7777", 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		_, err = c.Write(data)
+		return err
+	}); err != nil {
+		t.Fatalf("TCP %s -> %s: %v", from, addr, err)
+	}
+	if h := <-got; h != hex.EncodeToString(want[:]) {
+		t.Errorf("TCP %s -> %s: received hash %s, sent %x", from, addr, h, want)
+	}
+}
+
+// wireFeatures turn a veth into what a NIC puts on a wire: no segmentation or
+// checksum left to the receiver.
+var wireFeatures = map[string]bool{
+	"tx-checksum-ip-generic": false, "tx-tcp-segmentation": false, "tx-tcp6-segmentation": false,
+	"tx-generic-segmentation": false, "tx-udp_tnl-segmentation": false, "tx-udp_tnl-csum-segmentation": false,
 }
