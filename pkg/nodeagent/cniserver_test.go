@@ -58,6 +58,9 @@ func netnsAdd(t testing.TB, name string) string {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() {
+		if _, err := os.Stat("/run/netns/" + name); errors.Is(err, os.ErrNotExist) {
+			return // the test removed it
+		}
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			t.Errorf("ip netns del %s: %v: %s", name, err, out)
 		}
@@ -527,4 +530,23 @@ func TestCNIWithCnitool(t *testing.T) {
 	if _, err := podH.LinkByName("eth0"); err == nil {
 		t.Error("eth0 left in the pod after cnitool gc")
 	}
+}
+
+// DEL succeeds when the pod's netns is gone already, and still removes the
+// endpoint and the attachment's state.
+func TestCNIDelAfterNetnsGone(t *testing.T) {
+	e := newCNIEnv(t)
+	ctx := context.Background()
+	l := e.conflist("1.0.0", e.subnet)
+	rt, podH := e.pod("nsgone")
+	if _, err := e.cni.AddNetworkList(ctx, l, rt); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if out, err := exec.Command("ip", "netns", "del", filepath.Base(rt.NetNS)).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns del: %v: %s", err, out)
+	}
+	if err := e.cni.DelNetworkList(ctx, l, rt); err != nil {
+		t.Fatalf("DEL after the netns went: %v", err)
+	}
+	e.nothingLeft(rt, podH)
 }
