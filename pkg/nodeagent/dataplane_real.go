@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -98,8 +99,14 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { d.poke() },
-		UpdateFunc: func(any, any) { d.poke() },
+		AddFunc: func(any) { d.poke() },
+		// Status writes (every acknowledgement patches a droplet, bouncer
+		// or divider) change nothing the maps hold: only spec changes count.
+		UpdateFunc: func(old, cur any) {
+			if !equality.Semantic.DeepEqual(specOf(old), specOf(cur)) {
+				d.poke()
+			}
+		},
 		DeleteFunc: func(any) { d.poke() },
 	}
 	for _, inf := range []cache.SharedIndexInformer{n.Vpcs().Informer(), n.Subnets().Informer(), n.Droplets().Informer(), n.Bouncers().Informer(), n.Dividers().Informer()} {
@@ -471,3 +478,20 @@ func (d *Datapath) DeleteDividerSubnet(divider, subnet string) error {
 }
 
 var _ Dataplane = (*Datapath)(nil)
+
+// specOf is the part of a topology object the maps are made from.
+func specOf(o any) any {
+	switch v := o.(type) {
+	case *v1alpha1.Vpc:
+		return v.Spec
+	case *v1alpha1.Subnet:
+		return v.Spec
+	case *v1alpha1.Droplet:
+		return v.Spec
+	case *v1alpha1.Bouncer:
+		return v.Spec
+	case *v1alpha1.Divider:
+		return v.Spec
+	}
+	return o
+}

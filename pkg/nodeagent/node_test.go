@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,108 +36,9 @@ import (
 // (NodeOptions.Run, as cmd/nodeagent does); pods added through the plugin
 // binary and libcni on each; they ping each other across the overlay.
 func TestTwoNodesPodsPing(t *testing.T) {
-	requireRoot(t)
-	sfx := suffix(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "bin")
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "mizar"), "mizar.dev/cmd/cni").CombinedOutput(); err != nil {
-		t.Fatalf("building the plugin: %v\n%s", err, out)
-	}
-	cniCfg := libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), nil)
-	srv := apiservertest.Start(t, t.TempDir(), "--operators=true")
-	ctx, cancel := context.WithCancel(context.Background())
-
-	brPath := netnsAdd(t, "mzt-ul-"+sfx)
-	brH := handle(t, brPath)
-	if err := brH.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}); err != nil {
-		t.Fatal(err)
-	}
-	br, _ := brH.LinkByName("br0")
-	if err := brH.LinkSetUp(br); err != nil {
-		t.Fatal(err)
-	}
-	brNS, err := netns.GetFromPath(brPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer brNS.Close()
-
-	type node struct {
-		name, path, socket, queue string
-		opts                      *NodeOptions
-		cancel                    context.CancelFunc
-		done                      chan error
-	}
-	var nodes []*node
-	start := func(n *node) {
-		nctx, ncancel := context.WithCancel(ctx)
-		n.cancel, n.done = ncancel, make(chan error, 1)
-		go func() { n.done <- n.opts.Run(nctx) }()
-	}
-	stop := func(n *node) {
-		n.cancel()
-		if err := <-n.done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("agent %s: %v", n.name, err)
-		}
-	}
-	for i := 1; i <= 2; i++ {
-		n := &node{name: fmt.Sprintf("n%d-%s", i, sfx), path: netnsAdd(t, fmt.Sprintf("mzt-n%d-%s", i, sfx)),
-			socket: filepath.Join(dir, fmt.Sprintf("n%d.sock", i)), queue: filepath.Join(dir, fmt.Sprintf("q%d", i))}
-		h := handle(t, n.path)
-		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", MTU: 1500}, PeerName: fmt.Sprintf("p%d", i),
-			PeerNamespace: netlink.NsFd(int(brNS))}); err != nil {
-			t.Fatal(err)
-		}
-		l, _ := h.LinkByName("eth0")
-		if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipnet(netip.MustParsePrefix(fmt.Sprintf("198.18.9.%d/24", i)))}); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-		// The underlay veths act as a NIC on a wire: segmentation and checksums
-		// done before they leave (see pkg/dataplane's wireFeatures).
-		for _, side := range []struct{ ns, ifname string }{{n.path, "eth0"}, {brPath, fmt.Sprintf("p%d", i)}} {
-			if err := ns.WithNetNSPath(side.ns, func(ns.NetNS) error { return dataplane.SetFeatures(side.ifname, wireFeatures) }); err != nil {
-				t.Fatal(err)
-			}
-		}
-		p, _ := brH.LinkByName(fmt.Sprintf("p%d", i))
-		if err := brH.LinkSetMaster(p, br); err != nil {
-			t.Fatal(err)
-		}
-		if err := brH.LinkSetUp(p); err != nil {
-			t.Fatal(err)
-		}
-		if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
-			t.Fatal(err)
-		}
-		pins := "/sys/fs/bpf/mizar-test-node-" + n.name
-		t.Cleanup(func() {
-			if err := dataplane.Purge(pins); err != nil {
-				t.Errorf("purge %s: %v", pins, err)
-			}
-		})
-		o := NewNodeOptions()
-		// The droplet's own identity, as in production: it may write only its
-		// own droplet's objects (the CNI server's endpoints among them).
-		kc := filepath.Join(dir, n.name+".kubeconfig")
-		if err := apiserver.IssueDropletKubeconfig(srv.DataDir, n.name, kc); err != nil {
-			t.Fatal(err)
-		}
-		o.Kubeconfig, o.Droplet, o.Node, o.PinRoot, o.XDPGeneric = kc, n.name, n.name, pins, true
-		o.CNISocket, o.DeleteQueue, o.StateDir, o.HealthAddr, o.HostNetns, o.Underlay = n.socket, n.queue, filepath.Join(dir, "state-"+n.name), "", n.path, "eth0"
-		n.opts = o
-		start(n)
-		nodes = append(nodes, n)
-	}
-	t.Cleanup(func() {
-		for _, n := range nodes {
-			stop(n)
-		}
-		cancel()
-	})
-
+	c := newCluster(t, 2)
+	sfx, cniCfg, srv, ctx, nodes := c.sfx, c.cni, c.srv, c.ctx, c.nodes
+	start, stop := c.start, c.stop
 	api := srv.Client.NetworkingV1alpha1()
 	vpc, subnet := "vpc-"+sfx, "sn-"+sfx
 	if _, err := api.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc}, Spec: v1alpha1.VpcSpec{CIDR: "10.88.0.0/16"}}, metav1.CreateOptions{}); err != nil {
@@ -397,4 +299,178 @@ func tcpTransfer(t *testing.T, from, to, addr string) {
 var wireFeatures = map[string]bool{
 	"tx-checksum-ip-generic": false, "tx-tcp-segmentation": false, "tx-tcp6-segmentation": false,
 	"tx-generic-segmentation": false, "tx-udp_tnl-segmentation": false, "tx-udp_tnl-csum-segmentation": false,
+}
+
+// cluster is droplets on a bridged underlay, each a netns running the real
+// agent (NodeOptions.Run, as cmd/nodeagent does) as its own identity, with
+// the plugin binary built for libcni.
+type cluster struct {
+	tb    testing.TB
+	sfx   string
+	dir   string
+	cni   *libcni.CNIConfig
+	srv   *apiservertest.Server
+	ctx   context.Context
+	nodes []*clusterNode
+}
+
+type clusterNode struct {
+	name, path, socket, queue string
+	opts                      *NodeOptions
+	cancel                    context.CancelFunc
+	done                      chan error
+}
+
+func (c *cluster) start(n *clusterNode) {
+	nctx, ncancel := context.WithCancel(c.ctx)
+	n.cancel, n.done = ncancel, make(chan error, 1)
+	go func() { n.done <- n.opts.Run(nctx) }()
+}
+
+func (c *cluster) stop(n *clusterNode) {
+	n.cancel()
+	if err := <-n.done; err != nil && !errors.Is(err, context.Canceled) {
+		c.tb.Errorf("agent %s: %v", n.name, err)
+	}
+}
+
+func newCluster(t testing.TB, count int) *cluster {
+	requireRoot(t)
+	sfx := suffix(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "mizar"), "mizar.dev/cmd/cni").CombinedOutput(); err != nil {
+		t.Fatalf("building the plugin: %v\n%s", err, out)
+	}
+	cniCfg := libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cache"), nil)
+	srv := apiservertest.Start(t, t.TempDir(), "--operators=true")
+	ctx, cancel := context.WithCancel(context.Background())
+
+	brPath := netnsAdd(t, "mzt-ul-"+sfx)
+	brH := handle(t, brPath)
+	if err := brH.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}); err != nil {
+		t.Fatal(err)
+	}
+	br, _ := brH.LinkByName("br0")
+	if err := brH.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	brNS, err := netns.GetFromPath(brPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer brNS.Close()
+
+	var nodes []*clusterNode
+	c := &cluster{tb: t, sfx: sfx, dir: dir, cni: cniCfg, srv: srv, ctx: ctx}
+	start, stop := c.start, c.stop
+	for i := 1; i <= count; i++ {
+		n := &clusterNode{name: fmt.Sprintf("n%d-%s", i, sfx), path: netnsAdd(t, fmt.Sprintf("mzt-n%d-%s", i, sfx)),
+			socket: filepath.Join(dir, fmt.Sprintf("n%d.sock", i)), queue: filepath.Join(dir, fmt.Sprintf("q%d", i))}
+		h := handle(t, n.path)
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", MTU: 1500}, PeerName: fmt.Sprintf("p%d", i),
+			PeerNamespace: netlink.NsFd(int(brNS))}); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := h.LinkByName("eth0")
+		if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipnet(netip.MustParsePrefix(fmt.Sprintf("198.18.9.%d/24", i)))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+		// The underlay veths act as a NIC on a wire: segmentation and checksums
+		// done before they leave (see pkg/dataplane's wireFeatures).
+		for _, side := range []struct{ ns, ifname string }{{n.path, "eth0"}, {brPath, fmt.Sprintf("p%d", i)}} {
+			if err := ns.WithNetNSPath(side.ns, func(ns.NetNS) error { return dataplane.SetFeatures(side.ifname, wireFeatures) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, _ := brH.LinkByName(fmt.Sprintf("p%d", i))
+		if err := brH.LinkSetMaster(p, br); err != nil {
+			t.Fatal(err)
+		}
+		if err := brH.LinkSetUp(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
+			t.Fatal(err)
+		}
+		pins := "/sys/fs/bpf/mizar-test-node-" + n.name
+		t.Cleanup(func() {
+			if err := dataplane.Purge(pins); err != nil {
+				t.Errorf("purge %s: %v", pins, err)
+			}
+		})
+		o := NewNodeOptions()
+		// The droplet's own identity, as in production: it may write only its
+		// own droplet's objects (the CNI server's endpoints among them).
+		kc := filepath.Join(dir, n.name+".kubeconfig")
+		if err := apiserver.IssueDropletKubeconfig(srv.DataDir, n.name, kc); err != nil {
+			t.Fatal(err)
+		}
+		o.Kubeconfig, o.Droplet, o.Node, o.PinRoot, o.XDPGeneric = kc, n.name, n.name, pins, true
+		o.CNISocket, o.DeleteQueue, o.StateDir, o.HealthAddr, o.HostNetns, o.Underlay = n.socket, n.queue, filepath.Join(dir, "state-"+n.name), "", n.path, "eth0"
+		n.opts = o
+		start(n)
+		nodes = append(nodes, n)
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			stop(n)
+		}
+		cancel()
+	})
+	c.nodes = nodes
+	return c
+
+}
+
+// BenchmarkCNIAddNodes measures ADD latency of 100 pods spread over 3 and over
+// 6 droplets in one run: the ratio shows whether an ADD costs more as the
+// cluster grows. Run with:
+// go test -run '^$' -bench CNIAddNodes -benchtime 1x ./pkg/nodeagent
+func BenchmarkCNIAddNodes(b *testing.B) {
+	p50 := map[int]time.Duration{}
+	for _, count := range []int{3, 6} {
+		c := newCluster(b, count)
+		api := c.srv.Client.NetworkingV1alpha1()
+		vpc, subnet := "vpc-"+c.sfx, "sn-"+c.sfx
+		if _, err := api.Vpcs().Create(c.ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc}, Spec: v1alpha1.VpcSpec{CIDR: "10.90.0.0/16"}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := api.Subnets().Create(c.ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: subnet}, Spec: v1alpha1.SubnetSpec{VPC: vpc, CIDR: "10.90.1.0/24"}}, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		var lat []time.Duration
+		for i := range 100 {
+			n := c.nodes[i%count]
+			l, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion": "1.1.0", "name": "mizar", "plugins": [{"type": "mizar",
+				"vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`, vpc, subnet, n.socket, n.queue))
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := fmt.Sprintf("mzt-b%d-%d-%s", count, i, c.sfx)
+			rt := &libcni.RuntimeConf{ContainerID: "ctr-" + name, NetNS: netnsAdd(b, name), IfName: "eth0"}
+			for waited := 0; ; waited++ {
+				start := time.Now()
+				_, err := c.cni.AddNetworkList(c.ctx, l, rt)
+				if err == nil {
+					lat = append(lat, time.Since(start))
+					break
+				}
+				// Only the first ADDs may find an agent still starting.
+				if waited > 100 || !strings.Contains(err.Error(), "not running") || len(lat) > 0 {
+					b.Fatalf("ADD: %v", err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			b.Cleanup(func() { _ = c.cni.DelNetworkList(context.Background(), l, rt) })
+		}
+		slices.Sort(lat)
+		p50[count] = lat[len(lat)/2]
+		b.ReportMetric(float64(p50[count].Microseconds())/1000, fmt.Sprintf("nodes%d-p50-ms", count))
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, fmt.Sprintf("nodes%d-p99-ms", count))
+	}
+	b.ReportMetric(float64(p50[6])/float64(p50[3]), "p50-6/3-nodes")
 }
