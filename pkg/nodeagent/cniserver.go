@@ -324,8 +324,31 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	}()
 
 	podMAC, hostMAC := randomMAC(), randomMAC()
-	// The endpoint is created (and its IP allocated) while the links are
-	// made: the two are independent until the address is set.
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: hostIf, MTU: mtu, HardwareAddr: hostMAC},
+		PeerName:         r.IfName,
+		PeerHardwareAddr: podMAC,
+		PeerMTU:          uint32(mtu),
+		// The pod's end is created in its netns: moving a device between
+		// namespaces waits for an RCU grace period under the rtnl lock, the
+		// cost that makes other plugins' ADDs slow under load.
+		PeerNamespace: netlink.NsFd(int(podNS)),
+	}
+	if err := host.LinkAdd(veth); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: creating the veth pair "+hostIf+"/"+r.IfName+" failed", err)
+	}
+	hl, err := host.LinkByName(hostIf)
+	if err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: finding the new veth "+hostIf, err)
+	}
+	st.HostIfindex = hl.Attrs().Index
+	if err := s.writeState(id, st); err != nil {
+		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
+	}
+
+	// The endpoint only once its veth exists: the agent's host stream looks
+	// the veth up when the endpoint arrives, and takes a missing one for a
+	// pod already gone.
 	type created struct {
 		ep  *v1alpha1.Endpoint
 		err error
@@ -348,28 +371,6 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	}
 	// Runs before the rollback above: it must see the endpoint if one was made.
 	defer waitCreated()
-
-	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: hostIf, MTU: mtu, HardwareAddr: hostMAC},
-		PeerName:         r.IfName,
-		PeerHardwareAddr: podMAC,
-		PeerMTU:          uint32(mtu),
-		// The pod's end is created in its netns: moving a device between
-		// namespaces waits for an RCU grace period under the rtnl lock, the
-		// cost that makes other plugins' ADDs slow under load.
-		PeerNamespace: netlink.NsFd(int(podNS)),
-	}
-	if err := host.LinkAdd(veth); err != nil {
-		return nil, cniErr(cni.CodeNetwork, "mizar: creating the veth pair "+hostIf+"/"+r.IfName+" failed", err)
-	}
-	hl, err := host.LinkByName(hostIf)
-	if err != nil {
-		return nil, cniErr(cni.CodeNetwork, "mizar: finding the new veth "+hostIf, err)
-	}
-	st.HostIfindex = hl.Attrs().Index
-	if err := s.writeState(id, st); err != nil {
-		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
-	}
 
 	c := waitCreated()
 	ep, err := c.ep, c.err
