@@ -137,15 +137,16 @@ func (a *Agent) Run(ctx context.Context) error {
 // register creates the droplet, or brings an existing one's spec up to date.
 func (a *Agent) register(ctx context.Context) error {
 	c := a.client.NetworkingV1alpha1().Droplets()
-	d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name}, Spec: a.spec}
-	_, err := c.Create(ctx, d, metav1.CreateOptions{})
-	if err == nil {
+	// Read first: a restarted agent's Create would be refused as a duplicate
+	// underlay IP (its own droplet's claim) before it could be AlreadyExists.
+	old, err := c.Get(ctx, a.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name}, Spec: a.spec}
+		if _, err := c.Create(ctx, d, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("registering droplet %s: %w", a.name, err)
+		}
 		return nil
 	}
-	if !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("registering droplet %s: %w", a.name, err)
-	}
-	old, err := c.Get(ctx, a.name, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("reading droplet %s: %w", a.name, err)
 	}

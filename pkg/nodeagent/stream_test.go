@@ -35,11 +35,11 @@ func TestStreamResumesAndRelists(t *testing.T) {
 	defer cancel()
 	c := srv.Client.NetworkingV1alpha1().Droplets()
 	node := "node-" + utilrand.String(5)
-	made := 0
+	n := 0
 	mk := func(name string) *v1alpha1.Droplet {
-		made++ // droplet addresses are unique (claimed)
+		n++ // droplets' underlay IPs are unique
 		d, err := c.Create(ctx, &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: node + "-" + name},
-			Spec: v1alpha1.DropletSpec{Node: node, IP: fmt.Sprintf("192.168.0.%d", made), MAC: "02:00:00:00:00:01", Interface: "eth0"}}, metav1.CreateOptions{})
+			Spec: v1alpha1.DropletSpec{Node: node, IP: fmt.Sprintf("192.168.0.%d", n), MAC: "02:00:00:00:00:01", Interface: "eth0"}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,742 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/watch"
+
+	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/cni"
+	"mizar.dev/pkg/dataplane"
+	"mizar.dev/pkg/generated/clientset/versioned"
+)
+
+// PodDataplane is what the CNI server asks of the node's pod-side program.
+// Calls are made from any thread: the implementation enters the host netns
+// itself.
+type PodDataplane interface {
+	// AttachPod describes the pod behind the host-side veth hostIf and
+	// attaches the pod-side program to it.
+	AttachPod(hostIf string, p dataplane.PodInterface) error
+	// DetachPod undoes AttachPod; a missing attachment is not an error.
+	DetachPod(hostIf string, ifindex int) error
+	// PodAttached reports whether hostIf has the pod-side program attached.
+	PodAttached(hostIf string) (bool, error)
+}
+
+// AttachmentLabel marks the endpoints the CNI server created with their
+// attachment's hash, so DEL and GC find them without the pod's name.
+const AttachmentLabel = "cni.mizar.dev/attachment"
+
+// CNIOptions configure the CNI server.
+type CNIOptions struct {
+	Client  versioned.Interface
+	Droplet string
+	Pods    PodDataplane
+	// HostNetns is the host netns path ("" = the agent's own).
+	HostNetns string
+	// UnderlayMTU sizes the pods' interfaces (minus the Geneve overhead).
+	UnderlayMTU int
+	// StateDir keeps one file per attachment: what DEL, CHECK and GC undo or
+	// verify, written before anything is created.
+	StateDir string
+	// ProvisionTimeout bounds ADD's wait for Provisioned (default 30s).
+	ProvisionTimeout time.Duration
+}
+
+// CNIServer answers mizar-cni (see pkg/cni) for one droplet. ADDs of
+// different attachments run in parallel; only calls for the same
+// (container, interface) are serialised.
+type CNIServer struct {
+	o CNIOptions
+
+	mu    sync.Mutex
+	locks map[string]*attachLock
+}
+
+type attachLock struct {
+	sync.Mutex
+	users int
+}
+
+// NewCNIServer checks the options and opens the host netns.
+func NewCNIServer(o CNIOptions) (*CNIServer, error) {
+	if o.Client == nil || o.Droplet == "" || o.Pods == nil || o.StateDir == "" {
+		return nil, errors.New("CNI server: a client, a droplet, a pod dataplane and a state directory are required")
+	}
+	if _, err := dataplane.PodMTU(o.UnderlayMTU); err != nil {
+		return nil, fmt.Errorf("CNI server: %w", err)
+	}
+	if o.ProvisionTimeout == 0 {
+		o.ProvisionTimeout = 30 * time.Second
+	}
+	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("CNI server: create state directory: %w", err)
+	}
+	h, err := handleAt(o.HostNetns)
+	if err != nil {
+		return nil, fmt.Errorf("CNI server: host netns: %w", err)
+	}
+	h.Close()
+	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
+}
+
+// Close releases the server's resources.
+func (s *CNIServer) Close() {}
+
+// hostHandle opens a netlink handle in the host netns for one request: a
+// shared handle would serialise every ADD on its socket lock.
+func (s *CNIServer) hostHandle() (*netlink.Handle, error) {
+	h, err := handleAt(s.o.HostNetns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in the host netns: %w", err)
+	}
+	return h, nil
+}
+
+func handleAt(path string) (*netlink.Handle, error) {
+	if path == "" {
+		return netlink.NewHandle()
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	return netlink.NewHandleAt(ns)
+}
+
+// attachment is the on-disk record of one (container, interface).
+type attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Netns       string `json:"netns,omitempty"`
+	Namespace   string `json:"namespace"`
+	Endpoint    string `json:"endpoint"`
+	HostIf      string `json:"hostIf"`
+	HostIfindex int    `json:"hostIfindex,omitempty"`
+}
+
+// attachmentID keys everything of one attachment: never the pod's name, which
+// a new sandbox reuses while the old one's DEL may still be on its way.
+func attachmentID(containerID, ifname string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifname))
+	return hex.EncodeToString(sum[:])[:32]
+}
+
+// names derives the endpoint and host veth names from the attachment.
+func names(id string) (endpoint, hostIf string) { return "cni-" + id, "mz" + id[:13] }
+
+func (s *CNIServer) lock(id string) func() {
+	s.mu.Lock()
+	l := s.locks[id]
+	if l == nil {
+		l = &attachLock{}
+		s.locks[id] = l
+	}
+	l.users++
+	s.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		s.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *CNIServer) statePath(id string) string { return filepath.Join(s.o.StateDir, id+".json") }
+
+func (s *CNIServer) readState(id string) (*attachment, error) {
+	data, err := os.ReadFile(s.statePath(id))
+	if err != nil {
+		return nil, err
+	}
+	var a attachment
+	if err := json.Unmarshal(data, &a); err != nil {
+		return nil, fmt.Errorf("attachment state %s: %w", s.statePath(id), err)
+	}
+	return &a, nil
+}
+
+func (s *CNIServer) writeState(id string, a *attachment) error {
+	data, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	tmp := s.statePath(id) + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("write attachment state: %w", err)
+	}
+	if err := os.Rename(tmp, s.statePath(id)); err != nil {
+		return fmt.Errorf("write attachment state: %w", err)
+	}
+	return nil
+}
+
+// Handle implements cni.Handler.
+func (s *CNIServer) Handle(ctx context.Context, r *cni.Request) (json.RawMessage, *types.Error) {
+	switch r.Command {
+	case cni.CmdAdd:
+		return s.add(ctx, r)
+	case cni.CmdDel:
+		return nil, s.del(ctx, r)
+	case cni.CmdCheck:
+		return nil, s.check(ctx, r)
+	case cni.CmdStatus:
+		return nil, nil
+	case cni.CmdGC:
+		return nil, s.gc(ctx, r)
+	}
+	return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("mizar-nodeagent: unknown CNI command %q", r.Command), "")
+}
+
+func cniErr(code uint, msg string, err error) *types.Error {
+	d := ""
+	if err != nil {
+		d = err.Error()
+	}
+	return types.NewError(code, msg, d)
+}
+
+func requireEnv(r *cni.Request, netnsToo bool) *types.Error {
+	var missing []string
+	if r.ContainerID == "" {
+		missing = append(missing, "CNI_CONTAINERID")
+	}
+	if r.IfName == "" {
+		missing = append(missing, "CNI_IFNAME")
+	}
+	if netnsToo && r.Netns == "" {
+		missing = append(missing, "CNI_NETNS")
+	}
+	if len(missing) > 0 {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "mizar: required CNI variables are not set: "+strings.Join(missing, ", "), "")
+	}
+	return nil
+}
+
+// add implements ADD. Everything it makes is undone if a later step fails.
+func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage, cerr *types.Error) {
+	if cerr := requireEnv(r, true); cerr != nil {
+		return nil, cerr
+	}
+	conf, cerr := cni.ParseConf(r.Config)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if cerr := conf.CheckPlacement(); cerr != nil {
+		return nil, cerr
+	}
+	args, cerr := cni.ParseArgs(r.Args)
+	if cerr != nil {
+		return nil, cerr
+	}
+	namespace, pod := string(args.K8S_POD_NAMESPACE), string(args.K8S_POD_NAME)
+	if namespace == "" {
+		namespace = metav1.NamespaceDefault
+	}
+	id := attachmentID(r.ContainerID, r.IfName)
+	defer s.lock(id)()
+	epName, hostIf := names(id)
+
+	api := s.o.Client.NetworkingV1alpha1()
+	subnet, err := api.Subnets().Get(ctx, conf.Subnet, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q of network %q does not exist: create it or fix the conflist", conf.Subnet, conf.Name), nil)
+	}
+	if err != nil {
+		return nil, cniErr(cni.CodeAPI, "mizar: reading subnet "+conf.Subnet+" from mizar-apiserver failed", err)
+	}
+	if subnet.Spec.VPC != conf.VPC {
+		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q belongs to VPC %q, not %q as network %q says", conf.Subnet, subnet.Spec.VPC, conf.VPC, conf.Name), nil)
+	}
+	vpc, err := api.Vpcs().Get(ctx, conf.VPC, metav1.GetOptions{})
+	if err != nil {
+		return nil, cniErr(cni.CodeAPI, "mizar: reading VPC "+conf.VPC+" from mizar-apiserver failed", err)
+	}
+	prefix, err := netip.ParsePrefix(subnet.Spec.CIDR)
+	if err != nil {
+		return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad cidr", err)
+	}
+	gw := prefix.Masked().Addr().Next()
+	if subnet.Spec.Gateway != "" {
+		if gw, err = netip.ParseAddr(subnet.Spec.Gateway); err != nil {
+			return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad gateway", err)
+		}
+	}
+	mtu, _ := dataplane.PodMTU(s.o.UnderlayMTU)
+
+	podNS, err := netns.GetFromPath(r.Netns)
+	if err != nil {
+		return nil, cniErr(types.ErrInvalidNetNS, "mizar: cannot open the pod's netns "+r.Netns, err)
+	}
+	defer podNS.Close()
+	podH, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		return nil, cniErr(types.ErrInvalidNetNS, "mizar: cannot open a netlink socket in "+r.Netns, err)
+	}
+	defer podH.Close()
+	if _, err := podH.LinkByName(r.IfName); err == nil {
+		return nil, cniErr(cni.CodeInterfaceExists, fmt.Sprintf("mizar: interface %s already exists in %s", r.IfName, r.Netns), nil)
+	}
+
+	host, err := s.hostHandle()
+	if err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar-nodeagent: cannot reach the host netns", err)
+	}
+	defer host.Close()
+
+	st := &attachment{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns, Namespace: namespace, Endpoint: epName, HostIf: hostIf}
+	if err := s.writeState(id, st); err != nil {
+		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
+	}
+	defer func() {
+		if cerr != nil {
+			if err := s.teardown(context.WithoutCancel(ctx), id, st); err != nil {
+				cerr.Details = strings.TrimPrefix(cerr.Details+"; cleaning up after the failed ADD: "+err.Error(), "; ")
+			}
+		}
+	}()
+
+	podMAC, hostMAC := randomMAC(), randomMAC()
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: hostIf, MTU: mtu, HardwareAddr: hostMAC},
+		PeerName:         r.IfName,
+		PeerHardwareAddr: podMAC,
+		PeerMTU:          uint32(mtu),
+		// The pod's end is created in its netns: moving a device between
+		// namespaces waits for an RCU grace period under the rtnl lock, the
+		// cost that makes other plugins' ADDs slow under load.
+		PeerNamespace: netlink.NsFd(int(podNS)),
+	}
+	if err := host.LinkAdd(veth); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: creating the veth pair "+hostIf+"/"+r.IfName+" failed", err)
+	}
+	hl, err := host.LinkByName(hostIf)
+	if err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: finding the new veth "+hostIf, err)
+	}
+	st.HostIfindex = hl.Attrs().Index
+	if err := s.writeState(id, st); err != nil {
+		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
+	}
+
+	// The endpoint only once its veth exists: the agent's host stream looks
+	// the veth up when the endpoint arrives, and takes a missing one for a
+	// pod already gone.
+	type created struct {
+		ep  *v1alpha1.Endpoint
+		err error
+	}
+	cc := make(chan created, 1)
+	go func() {
+		ep, err := api.Endpoints(namespace).Create(ctx, &v1alpha1.Endpoint{
+			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id}},
+			Spec:       v1alpha1.EndpointSpec{Subnet: conf.Subnet, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
+		}, metav1.CreateOptions{FieldManager: fieldManager})
+		cc <- created{ep, err}
+	}()
+	var cr *created
+	waitCreated := func() created {
+		if cr == nil {
+			c := <-cc
+			cr = &c
+		}
+		return *cr
+	}
+	// Runs before the rollback above: it must see the endpoint if one was made.
+	defer waitCreated()
+
+	c := waitCreated()
+	ep, err := c.ep, c.err
+	if err != nil {
+		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "no free address") {
+			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", conf.Subnet, subnet.Spec.CIDR), err)
+		}
+		return nil, cniErr(cni.CodeAPI, "mizar: creating endpoint "+namespace+"/"+epName+" failed", err)
+	}
+	ip, err := netip.ParseAddr(ep.Spec.IP)
+	if err != nil {
+		return nil, cniErr(cni.CodeAPI, "mizar: the endpoint came back without a valid IP", err)
+	}
+	addr := netip.PrefixFrom(ip, prefix.Bits())
+
+	// Inside the pod: address, up, default route through the gateway, and the
+	// gateway's neighbour entry so the first packet needs no ARP round.
+	pl, err := podH.LinkByName(r.IfName)
+	if err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: finding "+r.IfName+" in the pod", err)
+	}
+	if err := podH.AddrAdd(pl, &netlink.Addr{IPNet: ipnet(addr)}); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: setting "+addr.String()+" on "+r.IfName, err)
+	}
+	if err := podH.LinkSetUp(pl); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: bringing "+r.IfName+" up", err)
+	}
+	if err := podH.NeighSet(&netlink.Neigh{LinkIndex: pl.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: gw.AsSlice(), HardwareAddr: hostMAC}); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: setting the gateway's neighbour entry", err)
+	}
+	if err := podH.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw.AsSlice(), Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0"))}); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: adding the default route via "+gw.String(), err)
+	}
+	if err := host.LinkSetUp(hl); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: bringing "+hostIf+" up", err)
+	}
+	if err := s.o.Pods.AttachPod(hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
+		Subnet: prefix.Masked(), GatewayIP: gw, GatewayMAC: hostMAC}); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: attaching the pod-side program to "+hostIf, err)
+	}
+	if err := dataplane.EnableGROInNetns(r.Netns, r.IfName); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: enabling GRO on the pod's "+r.IfName, err)
+	}
+
+	if err := s.waitProvisioned(ctx, ep); err != nil {
+		return nil, err
+	}
+
+	idx := 1
+	res := &types100.Result{
+		CNIVersion: "1.1.0",
+		Interfaces: []*types100.Interface{
+			{Name: hostIf, Mac: hostMAC.String(), Mtu: mtu},
+			{Name: r.IfName, Mac: podMAC.String(), Mtu: mtu, Sandbox: r.Netns},
+		},
+		IPs:    []*types100.IPConfig{{Interface: &idx, Address: *ipnet(addr), Gateway: gw.AsSlice()}},
+		Routes: []*types.Route{{Dst: *ipnet(netip.MustParsePrefix("0.0.0.0/0")), GW: gw.AsSlice()}},
+	}
+	out, err := json.Marshal(res)
+	if err != nil {
+		return nil, cniErr(types.ErrInternal, "mizar-nodeagent: encoding the result", err)
+	}
+	return out, nil
+}
+
+// waitProvisioned watches the endpoint until its phase is Provisioned: only
+// then do the host and the subnet's bouncers forward to it.
+func (s *CNIServer) waitProvisioned(ctx context.Context, ep *v1alpha1.Endpoint) *types.Error {
+	if ep.Status.Phase == v1alpha1.PhaseProvisioned {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.ProvisionTimeout)
+	defer cancel()
+	c := s.o.Client.NetworkingV1alpha1().Endpoints(ep.Namespace)
+	last := ep
+	for {
+		w, err := c.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ep.Name).String(), ResourceVersion: last.ResourceVersion})
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return cniErr(cni.CodeAPI, "mizar: watching endpoint "+ep.Namespace+"/"+ep.Name, err)
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Deleted {
+				w.Stop()
+				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+ep.Namespace+"/"+ep.Name+" was deleted while the pod was being added", nil)
+			}
+			cur, ok := ev.Object.(*v1alpha1.Endpoint)
+			if !ok {
+				continue
+			}
+			last = cur
+			switch cur.Status.Phase {
+			case v1alpha1.PhaseProvisioned:
+				w.Stop()
+				return nil
+			case v1alpha1.PhaseFailed:
+				w.Stop()
+				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+ep.Namespace+"/"+ep.Name+" failed: "+conditions(cur), nil)
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s/%s was not Provisioned within %v (phase %q: %s); check that mizar-nodeagent runs on the droplet and the subnet's bouncers",
+		ep.Namespace, ep.Name, s.o.ProvisionTimeout, last.Status.Phase, conditions(last)), nil)
+}
+
+func conditions(ep *v1alpha1.Endpoint) string {
+	var out []string
+	for _, c := range ep.Status.Conditions {
+		out = append(out, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
+	}
+	if len(out) == 0 {
+		return "no conditions"
+	}
+	return strings.Join(out, "; ")
+}
+
+// del implements DEL: whatever of the attachment is left goes; all of it
+// missing is success.
+func (s *CNIServer) del(ctx context.Context, r *cni.Request) *types.Error {
+	if cerr := requireEnv(r, false); cerr != nil {
+		return cerr
+	}
+	id := attachmentID(r.ContainerID, r.IfName)
+	defer s.lock(id)()
+	st, err := s.readState(id)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return cniErr(types.ErrIOFailure, "mizar-nodeagent: reading the attachment's state", err)
+	}
+	if st == nil {
+		ep, hostIf := names(id)
+		st = &attachment{ContainerID: r.ContainerID, IfName: r.IfName, Endpoint: ep, HostIf: hostIf}
+	}
+	if err := s.teardown(ctx, id, st); err != nil {
+		return cniErr(cni.CodeAPI, "mizar: deleting the pod's network failed", err)
+	}
+	return nil
+}
+
+// teardown removes the attachment's program, veth pair, endpoint and state.
+func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) error {
+	var errs []error
+	host, err := s.hostHandle()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	ifindex := st.HostIfindex
+	if l, err := host.LinkByName(st.HostIf); err == nil {
+		ifindex = l.Attrs().Index
+	}
+	if ifindex > 0 {
+		if err := s.o.Pods.DetachPod(st.HostIf, ifindex); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if l, err := host.LinkByName(st.HostIf); err == nil {
+		if err := host.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete veth %s: %w", st.HostIf, err))
+		}
+	}
+	if err := s.deleteEndpoint(ctx, id, st); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := os.Remove(s.statePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove attachment state: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteEndpoint deletes the attachment's endpoint; without a recorded
+// namespace it is found by its label.
+func (s *CNIServer) deleteEndpoint(ctx context.Context, id string, st *attachment) error {
+	api := s.o.Client.NetworkingV1alpha1()
+	targets := []string{}
+	if st.Namespace != "" {
+		targets = append(targets, st.Namespace)
+	} else {
+		l, err := api.Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+			LabelSelector: labels.SelectorFromSet(labels.Set{AttachmentLabel: id}).String(),
+			FieldSelector: fields.OneTermEqualSelector("spec.droplet", s.o.Droplet).String()})
+		if err != nil {
+			return fmt.Errorf("find the endpoint of attachment %s: %w", id, err)
+		}
+		for _, ep := range l.Items {
+			targets = append(targets, ep.Namespace)
+		}
+	}
+	for _, ns := range targets {
+		err := api.Endpoints(ns).Delete(ctx, st.Endpoint, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete endpoint %s/%s: %w", ns, st.Endpoint, err)
+		}
+	}
+	return nil
+}
+
+// check implements CHECK: the recorded attachment is whole, matches
+// prevResult, is Provisioned and has its program attached.
+func (s *CNIServer) check(ctx context.Context, r *cni.Request) *types.Error {
+	if cerr := requireEnv(r, true); cerr != nil {
+		return cerr
+	}
+	conf, cerr := cni.ParseConf(r.Config)
+	if cerr != nil {
+		return cerr
+	}
+	if conf.RawPrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "mizar: CHECK needs prevResult", "")
+	}
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return cniErr(types.ErrDecodingFailure, "mizar: prevResult cannot be decoded", err)
+	}
+	prev, err := types100.GetResult(conf.PrevResult)
+	if err != nil {
+		return cniErr(types.ErrDecodingFailure, "mizar: prevResult cannot be converted", err)
+	}
+	id := attachmentID(r.ContainerID, r.IfName)
+	defer s.lock(id)()
+	st, err := s.readState(id)
+	if err != nil {
+		return cniErr(types.ErrUnknownContainer, "mizar-nodeagent knows no attachment "+r.ContainerID+"/"+r.IfName, err)
+	}
+	ep, err := s.o.Client.NetworkingV1alpha1().Endpoints(st.Namespace).Get(ctx, st.Endpoint, metav1.GetOptions{})
+	if err != nil {
+		return cniErr(cni.CodeAPI, "mizar: reading endpoint "+st.Namespace+"/"+st.Endpoint, err)
+	}
+	if ep.Status.Phase != v1alpha1.PhaseProvisioned {
+		return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s/%s is %q, not Provisioned: %s", ep.Namespace, ep.Name, ep.Status.Phase, conditions(ep)), nil)
+	}
+	if ok, err := s.o.Pods.PodAttached(st.HostIf); err != nil || !ok {
+		return cniErr(cni.CodeNetwork, "mizar: the pod-side program is not attached to "+st.HostIf, err)
+	}
+	podNS, err := netns.GetFromPath(r.Netns)
+	if err != nil {
+		return cniErr(types.ErrInvalidNetNS, "mizar: cannot open the pod's netns "+r.Netns, err)
+	}
+	defer podNS.Close()
+	podH, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		return cniErr(types.ErrInvalidNetNS, "mizar: cannot open a netlink socket in "+r.Netns, err)
+	}
+	defer podH.Close()
+	pl, err := podH.LinkByName(r.IfName)
+	if err != nil {
+		return cniErr(cni.CodeNetwork, "mizar: "+r.IfName+" is missing from "+r.Netns, err)
+	}
+	addrs, err := podH.AddrList(pl, netlink.FAMILY_V4)
+	if err != nil {
+		return cniErr(cni.CodeNetwork, "mizar: listing "+r.IfName+"'s addresses", err)
+	}
+	for _, ipc := range prev.IPs {
+		found := false
+		for _, a := range addrs {
+			found = found || a.IPNet.String() == ipc.Address.String()
+		}
+		if !found {
+			return cniErr(cni.CodeNetwork, fmt.Sprintf("mizar: %s lacks %s from prevResult", r.IfName, ipc.Address.String()), nil)
+		}
+		if ipc.Address.IP.String() != ep.Spec.IP {
+			return cniErr(cni.CodeNetwork, fmt.Sprintf("mizar: prevResult says %s, the endpoint has %s", ipc.Address.IP, ep.Spec.IP), nil)
+		}
+	}
+	return nil
+}
+
+// gc implements GC: every attachment this agent recorded, and every endpoint
+// on this droplet the CNI server made, that is not in
+// cni.dev/valid-attachments goes. It keeps going past errors.
+func (s *CNIServer) gc(ctx context.Context, r *cni.Request) *types.Error {
+	conf, cerr := cni.ParseConf(r.Config)
+	if cerr != nil {
+		return cerr
+	}
+	valid := map[string]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[attachmentID(a.ContainerID, a.IfName)] = true
+	}
+	var errs []error
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return cniErr(types.ErrIOFailure, "mizar-nodeagent: reading the attachment state", err)
+	}
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || valid[id] {
+			continue
+		}
+		unlock := s.lock(id)
+		st, err := s.readState(id)
+		if err == nil {
+			err = s.teardown(ctx, id, st)
+		}
+		unlock()
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	l, err := s.o.Client.NetworkingV1alpha1().Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: AttachmentLabel, FieldSelector: fields.OneTermEqualSelector("spec.droplet", s.o.Droplet).String()})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list this droplet's endpoints: %w", err))
+	} else {
+		for _, ep := range l.Items {
+			id := ep.Labels[AttachmentLabel]
+			if valid[id] {
+				continue
+			}
+			if err := s.o.Client.NetworkingV1alpha1().Endpoints(ep.Namespace).Delete(ctx, ep.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete endpoint %s/%s: %w", ep.Namespace, ep.Name, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return cniErr(cni.CodeAPI, "mizar: GC left some attachments behind", errors.Join(errs...))
+	}
+	return nil
+}
+
+// DrainDeleteQueue carries out the DELs the plugin queued while the agent was
+// down.
+func (s *CNIServer) DrainDeleteQueue(ctx context.Context, dir string) error {
+	return cni.Drain(dir, func(r *cni.Request) error {
+		if cerr := s.del(ctx, r); cerr != nil {
+			return cerr
+		}
+		return nil
+	})
+}
+
+func randomMAC() net.HardwareAddr {
+	m := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(m)
+	m[0] = m[0]&^1 | 2 // unicast, locally administered
+	return m
+}
+
+func ipnet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// HostInterfaces lists the host-side veths of the attachments on record: the
+// agent keeps their pins at start and lets the datapath GC the rest (links
+// of pods deleted while no agent ran).
+func (s *CNIServer) HostInterfaces() ([]string, error) {
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("read the attachment state: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		if st, err := s.readState(id); err == nil {
+			out = append(out, st.HostIf)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,322 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/cni"
+	"mizar.dev/pkg/dataplane"
+	"mizar.dev/pkg/generated/clientset/versioned"
+)
+
+// NodeOptions are mizar-nodeagent's flags.
+type NodeOptions struct {
+	Kubeconfig       string
+	Droplet          string
+	Node             string
+	Underlay         string
+	HostIP           string
+	HostMAC          string
+	PinRoot          string
+	XDPGeneric       bool
+	CNISocket        string
+	DeleteQueue      string
+	StateDir         string
+	HealthAddr       string
+	HostNetns        string
+	ProvisionTimeout time.Duration
+}
+
+// NewNodeOptions returns the defaults.
+func NewNodeOptions() *NodeOptions {
+	host, _ := os.Hostname()
+	return &NodeOptions{Droplet: host, Node: host, PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
+		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second}
+}
+
+// AddFlags registers the options.
+func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of this droplet's identity at mizar-apiserver (mizar-apiserver droplet-kubeconfig)")
+	fs.StringVar(&o.Droplet, "droplet", o.Droplet, "name of this droplet")
+	fs.StringVar(&o.Node, "node", o.Node, "Kubernetes node this droplet runs on")
+	fs.StringVar(&o.Underlay, "underlay", o.Underlay, "underlay interface (default: the default route's)")
+	fs.StringVar(&o.HostIP, "host-ip", o.HostIP, "underlay IPv4 address with prefix, e.g. 192.168.1.5/24 (default: the underlay's first)")
+	fs.StringVar(&o.HostMAC, "host-mac", o.HostMAC, "underlay MAC (default: the underlay's)")
+	fs.StringVar(&o.PinRoot, "pin-root", o.PinRoot, "bpffs directory for mizar's maps and links")
+	fs.BoolVar(&o.XDPGeneric, "xdp-generic", o.XDPGeneric, "attach the underlay program in generic (SKB) mode, for drivers without native XDP")
+	fs.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "unix socket mizar-cni talks to (root only)")
+	fs.StringVar(&o.DeleteQueue, "cni-delete-queue", o.DeleteQueue, "directory where mizar-cni queues DELs while the agent is down; drained at start")
+	fs.StringVar(&o.StateDir, "cni-state-dir", o.StateDir, "directory recording each pod attachment")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address serving /healthz and /metrics (empty: off)")
+	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
+	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
+}
+
+// Underlay describes the host's underlay interface.
+type Underlay struct {
+	Name   string
+	Index  int
+	HostIP netip.Prefix
+	MAC    net.HardwareAddr
+	MTU    int
+}
+
+// FindUnderlay fills what name/ip/mac leave empty from the default route's
+// interface in the netns at nsPath ("" = the caller's).
+func FindUnderlay(nsPath, name, ip, mac string) (*Underlay, error) {
+	h, err := handleAt(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	var l netlink.Link
+	if name == "" {
+		routes, err := h.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil || r.Dst.String() == "0.0.0.0/0" {
+				if l, err = h.LinkByIndex(r.LinkIndex); err != nil {
+					return nil, fmt.Errorf("default route's interface: %w", err)
+				}
+				break
+			}
+		}
+		if l == nil {
+			return nil, errors.New("no IPv4 default route to find the underlay interface from: set --underlay")
+		}
+	} else if l, err = h.LinkByName(name); err != nil {
+		return nil, fmt.Errorf("underlay interface %s: %w", name, err)
+	}
+	u := &Underlay{Name: l.Attrs().Name, Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr, MTU: l.Attrs().MTU}
+	if mac != "" {
+		if u.MAC, err = net.ParseMAC(mac); err != nil {
+			return nil, fmt.Errorf("--host-mac: %w", err)
+		}
+	}
+	if ip != "" {
+		if u.HostIP, err = netip.ParsePrefix(ip); err != nil {
+			return nil, fmt.Errorf("--host-ip: want an address with its prefix length: %w", err)
+		}
+	} else {
+		addrs, err := h.AddrList(l, netlink.FAMILY_V4)
+		if err != nil || len(addrs) == 0 {
+			return nil, fmt.Errorf("underlay %s has no IPv4 address (%v): set --host-ip", u.Name, err)
+		}
+		a, _ := netip.AddrFromSlice(addrs[0].IP.To4())
+		ones, _ := addrs[0].Mask.Size()
+		u.HostIP = netip.PrefixFrom(a, ones)
+	}
+	return u, nil
+}
+
+// Run starts the node agent: it loads the datapath (reusing the pins of an
+// earlier run), registers the droplet and attaches the underlay program,
+// drains queued DELs, and serves the CNI socket and /healthz, /metrics.
+func (o *NodeOptions) Run(ctx context.Context) error {
+	if o.Kubeconfig == "" || o.Droplet == "" {
+		return errors.New("--kubeconfig and --droplet are required")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
+	}
+	client, err := versioned.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	u, err := FindUnderlay(o.HostNetns, o.Underlay, o.HostIP, o.HostMAC)
+	if err != nil {
+		return err
+	}
+	if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
+		return err
+	}
+	mode := dataplane.XDPDriver
+	if o.XDPGeneric {
+		mode = dataplane.XDPGeneric
+	}
+	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode})
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns})
+	agent, err := New(Options{Client: client, Dataplane: rdp, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
+		Spec: v1alpha1.DropletSpec{Node: o.Node, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}}})
+	if err != nil {
+		return err
+	}
+	srv, err := NewCNIServer(CNIOptions{Client: client, Droplet: o.Droplet, Pods: rdp.Pods(), HostNetns: o.HostNetns,
+		UnderlayMTU: u.MTU, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- agent.Run(ctx) }()
+
+	ln, err := cni.Listen(o.CNISocket)
+	if err != nil {
+		return err
+	}
+	m := newMetrics(dp, rdp.Pods(), agent)
+	go func() { errc <- cni.Serve(ctx, ln, m.timed(srv)) }()
+	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
+		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
+	}
+	// Pins of pods that vanished while no agent ran go; the attached pods'
+	// and the underlay's stay (they were updated in place above).
+	if ifs, err := srv.HostInterfaces(); err != nil {
+		klog.ErrorS(err, "Not collecting stale pins")
+	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name)) }); err != nil {
+		klog.ErrorS(err, "Collecting stale pins failed")
+	}
+	if o.HealthAddr != "" {
+		hs := &http.Server{Addr: o.HealthAddr, Handler: m.mux(), ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			<-ctx.Done()
+			_ = hs.Close()
+		}()
+		go func() {
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("health server: %w", err)
+			}
+		}()
+	}
+	klog.InfoS("mizar-nodeagent running", "droplet", o.Droplet, "underlay", u.Name, "hostIP", u.HostIP, "cniSocket", o.CNISocket)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// metrics exports the datapath's state to Prometheus.
+type metrics struct {
+	reg     *prometheus.Registry
+	dp      *dataplane.Datapath
+	pods    *DatapathPods
+	agent   *Agent
+	adds    prometheus.Histogram
+	failed  *prometheus.CounterVec
+	healthy atomic.Bool
+}
+
+var (
+	descUnderlay = prometheus.NewDesc("mizar_dataplane_underlay_packets_total", "Underlay program verdicts by reason.", []string{"reason"}, nil)
+	descPod      = prometheus.NewDesc("mizar_dataplane_pod_packets_total", "Pod-side program verdicts by reason.", []string{"reason"}, nil)
+	descEntries  = prometheus.NewDesc("mizar_dataplane_map_entries", "Entries in the datapath's maps.", []string{"map"}, nil)
+	descKernel   = prometheus.NewDesc("mizar_link_kernel_drops_total", "Kernel drop and error counters of the underlay and pod veths.", []string{"ifname", "counter"}, nil)
+	descEvents   = prometheus.NewDesc("mizar_nodeagent_endpoint_events_total", "Endpoint watch events the agent received.", nil, nil)
+)
+
+func newMetrics(dp *dataplane.Datapath, pods *DatapathPods, agent *Agent) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), dp: dp, pods: pods, agent: agent,
+		adds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mizar_cni_add_seconds", Help: "CNI ADD latency in the agent.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mizar_cni_errors_total", Help: "CNI requests that failed, by command and code."}, []string{"command", "code"}),
+	}
+	m.reg.MustRegister(m, m.adds, m.failed)
+	return m
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descUnderlay, descPod, descEntries, descKernel, descEvents} {
+		ch <- d
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	if c, err := m.dp.Counters(); err == nil {
+		for k, v := range c.Underlay {
+			ch <- prometheus.MustNewConstMetric(descUnderlay, prometheus.CounterValue, float64(v), k)
+		}
+		for k, v := range c.Pod {
+			ch <- prometheus.MustNewConstMetric(descPod, prometheus.CounterValue, float64(v), k)
+		}
+	}
+	count := func(name string, n int, err error) {
+		if err == nil {
+			ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n), name)
+		}
+	}
+	eps, err := m.dp.Endpoints()
+	count("endpoints", len(eps), err)
+	subs, err := m.dp.Subnets()
+	count("subnets", len(subs), err)
+	vpcs, err := m.dp.VPCs()
+	count("vpcs", len(vpcs), err)
+	pods, err := m.dp.PodInterfaces()
+	count("pod_ifaces", len(pods), err)
+	drops, err := m.dp.Droplets()
+	count("droplets", len(drops), err)
+	learned, err := m.dp.Learned()
+	count("learned", len(learned), err)
+	_ = m.pods.inHost(func() error {
+		lds, err := m.dp.KernelDrops()
+		for _, l := range lds {
+			for k, v := range map[string]uint64{"rx_dropped": l.RxDropped, "tx_dropped": l.TxDropped, "rx_errors": l.RxErrors, "tx_errors": l.TxErrors} {
+				ch <- prometheus.MustNewConstMetric(descKernel, prometheus.CounterValue, float64(v), l.Ifname, k)
+			}
+		}
+		return err
+	})
+	ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.agent.EndpointEvents()))
+}
+
+// timed wraps the CNI handler to record latency and failures.
+func (m *metrics) timed(h cni.Handler) cni.Handler { return timedHandler{m, h} }
+
+type timedHandler struct {
+	m *metrics
+	h cni.Handler
+}
+
+func (t timedHandler) Handle(ctx context.Context, r *cni.Request) (json.RawMessage, *types.Error) {
+	start := time.Now()
+	res, cerr := t.h.Handle(ctx, r)
+	if r.Command == cni.CmdAdd && cerr == nil {
+		t.m.adds.Observe(time.Since(start).Seconds())
+	}
+	if cerr != nil {
+		t.m.failed.WithLabelValues(r.Command, fmt.Sprint(cerr.Code)).Inc()
+	}
+	return res, cerr
+}
+
+func (m *metrics) mux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if _, err := m.dp.Counters(); err != nil {
+			http.Error(w, "datapath unreadable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
