@@ -13,6 +13,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 )
@@ -109,7 +111,17 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Dura
 	ns := uniq("ns")
 	started := make([]time.Time, endpoints)
 	done := make([]time.Duration, endpoints)
-	ew, err := c.Endpoints(ns).Watch(ctx, metav1.ListOptions{})
+	// A watch that resumes from its last resourceVersion: with 10,000 endpoints
+	// and their status writes, the server may end a single watch on the way.
+	initial, err := c.Endpoints(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ew, err := watchtools.NewRetryWatcherWithContext(ctx, initial.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.Endpoints(ns).Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
