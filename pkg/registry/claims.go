@@ -56,8 +56,8 @@ type Reserver[T runtime.Object] struct {
 
 // ClaimKeys claims keys for the new object. A key held by a live object is a
 // duplicate (422 at its field); one whose holder is gone and older than
-// its grace (claim.OrphanGrace) is taken over; one held by a create still in flight is a
-// conflict the client may retry (409).
+// its grace (claim.OrphanGrace) is taken over; one held by a create still in flight is
+// waited for, briefly.
 func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorList, error) {
 	names := make([]string, len(keys))
 	for i, k := range keys {
@@ -85,8 +85,8 @@ func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorLi
 }
 
 // Resolve looks at claims held by others: a live holder is reported through
-// conflict, an orphan is dropped (the caller retries), and a holder still in its
-// grace period is a 409.
+// conflict, an orphan is dropped (the caller retries), and a create still in
+// flight is waited for (see awaitInFlight).
 func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, conflict func(claim.Holder) *field.Error) (field.ErrorList, error) {
 	var errs field.ErrorList
 	for _, h := range holders {
@@ -109,11 +109,52 @@ func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, confl
 				return nil, StorageError(err)
 			}
 		default:
-			return nil, apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name,
-				fmt.Errorf("%s is being claimed by a create of %s still in progress; retry", h.Key, h.Owner))
+			live, err := r.awaitInFlight(ctx, h)
+			if err != nil {
+				return nil, err
+			}
+			if live {
+				errs = append(errs, conflict(h))
+			}
+			// Otherwise the other create failed and released the key: the caller claims again.
 		}
 	}
 	return errs, nil
+}
+
+// inFlightWait bounds how long a create waits for a concurrent create holding
+// one of its keys; creates take milliseconds, so only a stalled or crashed one
+// outlasts it.
+const inFlightWait = 3 * time.Second
+
+// awaitInFlight waits for the create holding h to end, so that concurrent
+// creates get the answer a serial order would give them: a duplicate (422) when
+// the other create was stored, a fresh claim when it failed. Only a holder
+// that stays in flight past inFlightWait gets the client a 409 to retry later.
+func (r *Reserver[T]) awaitInFlight(ctx context.Context, h claim.Holder) (bool, error) {
+	deadline := time.Now().Add(inFlightWait)
+	for delay := 2 * time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return false, StorageError(ctx.Err())
+		case <-time.After(delay):
+		}
+		live, err := r.Live(ctx, h)
+		if err != nil || live {
+			return live, err
+		}
+		cur, err := r.Claims.Get(ctx, h.Key)
+		if err != nil {
+			return false, StorageError(err)
+		}
+		if cur == nil || cur.UID != h.UID {
+			return false, nil
+		}
+		if time.Now().After(deadline) {
+			return false, apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name,
+				fmt.Errorf("%s is being claimed by a create of %s still in progress; retry", h.Key, h.Owner))
+		}
+	}
 }
 
 // Live reports whether the holder's object exists (read consistently from etcd)

@@ -11,8 +11,9 @@ import (
 )
 
 // TestConcurrentOverlappingSubnets: of many overlapping subnets created at the
-// same moment exactly one is stored; the check and the write happen under the
-// VPC's lock, so no two can both see "no overlap".
+// same moment exactly one is stored and the others get 422: each claims its range
+// in a transaction guarded by the VPC's other claims, and a create that meets one
+// still in flight waits for its outcome instead of answering 409.
 func TestConcurrentOverlappingSubnets(t *testing.T) {
 	ctx := testContext(t)
 	u := runSuffix()
