@@ -43,10 +43,10 @@ test: deps kube-binaries build verify
 images:
 	hack/images.sh
 
-# etcd, kube-apiserver, kube-controller-manager, kubectl 1.35 and 1.33, helm
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, kubectl 1.35 and 1.33, helm
 # (hack/kube-binaries.sh; a no-op once cached in $(MIZAR_CACHE)).
 kube-binaries:
-	hack/kube-binaries.sh etcd kube-apiserver kube-controller-manager kubectl kubectl-1.33 helm >/dev/null
+	hack/kube-binaries.sh etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl kubectl-1.33 helm >/dev/null
 
 # mizar-apiserver behind a real kube-apiserver, driven by kubectl 1.35 and 1.33 (needs root).
 e2e-aggregated: kube-binaries build
