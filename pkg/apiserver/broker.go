@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -19,6 +21,7 @@ import (
 	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/broker/osb"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	"mizar.dev/pkg/leader"
 )
 
 // BrokerOptions are the --broker-* flags: the service broker's fulfillment
@@ -43,6 +46,10 @@ type BrokerOptions struct {
 	osbListener net.Listener
 
 	workload *rest.Config
+	// fulfillmentDone closes once the fulfillment operator has stopped, if
+	// fulfillmentStarted says it was started (by a post-start hook).
+	fulfillmentDone    chan struct{}
+	fulfillmentStarted atomic.Bool
 }
 
 // AddFlags registers the broker flags.
@@ -88,6 +95,7 @@ func (o *BrokerOptions) Complete() error {
 		}
 		o.osbListener = l
 	}
+	o.fulfillmentDone = make(chan struct{})
 	if !o.Fulfillment && o.OSBAddress == "" {
 		return nil
 	}
@@ -122,9 +130,14 @@ func (o *BrokerOptions) workloadConfig() (*rest.Config, error) {
 }
 
 // startFulfillment runs the operator against this server (through its loopback
-// client) until ctx ends.
-func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config) error {
-	workload, err := kubernetes.NewForConfig(o.workload)
+// client) until ctx ends, while this replica leads the fulfillment election on
+// mizar's etcd: two replicas never advance orders at once.
+func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config, etcd *clientv3.Client) error {
+	identity := leader.NewIdentity()
+	// The workload cluster's audit log names the replica that acted.
+	cfg := rest.CopyConfig(o.workload)
+	cfg.UserAgent = "mizar-broker-fulfillment/" + identity
+	workload, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
@@ -132,16 +145,31 @@ func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Con
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
-	c, err := fulfillment.New(mizar, workload)
-	if err != nil {
-		return err
-	}
+	o.fulfillmentStarted.Store(true)
 	go func() {
-		if err := c.Run(ctx, o.Workers); err != nil {
+		defer close(o.fulfillmentDone)
+		err := leader.Run(ctx, leader.Options{Etcd: etcd, Key: fulfillment.ElectionKey, Name: "Fulfillment operator", Identity: identity},
+			func(ctx context.Context) error {
+				// A fresh operator each term: its caches start from what is there now.
+				c, err := fulfillment.New(mizar, workload)
+				if err != nil {
+					return err
+				}
+				return c.Run(ctx, o.Workers)
+			})
+		if err != nil {
 			klog.ErrorS(err, "Fulfillment operator stopped")
 		}
 	}()
 	return nil
+}
+
+// WaitFulfillment returns once the fulfillment operator, if it was started,
+// has stopped (it uses the etcd client for its election).
+func (o *BrokerOptions) WaitFulfillment() {
+	if o.fulfillmentStarted.Load() {
+		<-o.fulfillmentDone
+	}
 }
 
 // startOSB serves the Open Service Broker API until ctx ends. certFile/keyFile

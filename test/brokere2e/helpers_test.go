@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,8 +41,15 @@ type holdingProxy struct {
 	URL string
 	srv *httptest.Server
 
-	mu   sync.Mutex
-	hold *hold
+	mu     sync.Mutex
+	hold   *hold
+	writes []write
+}
+
+// write is a mutating request the proxy passed on.
+type write struct {
+	at                      time.Time
+	userAgent, method, path string
 }
 
 type hold struct {
@@ -70,6 +78,11 @@ func newHoldingProxy(target string) (*holdingProxy, error) {
 			case <-r.Context().Done():
 				return // the caller is gone: the request never reaches the cluster
 			}
+		}
+		if r.Method != http.MethodGet {
+			p.mu.Lock()
+			p.writes = append(p.writes, write{time.Now(), r.UserAgent(), r.Method, r.URL.Path})
+			p.mu.Unlock()
 		}
 		rp.ServeHTTP(w, r)
 	}))
@@ -110,6 +123,19 @@ func (p *holdingProxy) take(r *http.Request) *hold {
 	return h
 }
 
+// Writes are the mutating requests passed on so far whose path contains part.
+func (p *holdingProxy) Writes(part string) []write {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []write
+	for _, w := range p.writes {
+		if strings.Contains(w.path, part) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 func (p *holdingProxy) Close() { p.srv.Close() }
 
 // mizar is a standalone mizar-apiserver process with the fulfillment operator on.
@@ -142,8 +168,12 @@ func startMizar(t *testing.T, dataDir string, extra ...string) *mizar {
 	if err := os.Remove(kubeconfig); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0", "--embedded-etcd-unsafe-no-fsync",
+	args := append([]string{"--standalone", "--data-dir", dataDir, "--secure-port", "0",
 		"--operators=false", "--broker-fulfillment", "--broker-workload-kubeconfig", mizarKubeconfig}, extra...)
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--etcd-servers") }) {
+		// Only the embedded etcd has the flag (it is refused beside --etcd-servers).
+		args = append(args, "--embedded-etcd-unsafe-no-fsync")
+	}
 	m := &mizar{dataDir: dataDir, out: &bytes.Buffer{}, mu: &sync.Mutex{}, exited: make(chan struct{})}
 	m.cmd = exec.Command(mizarBin, args...)
 	m.cmd.Stdout, m.cmd.Stderr = lockedWriter{m.mu, m.out}, lockedWriter{m.mu, m.out}
@@ -205,6 +235,13 @@ func (m *mizar) Stop() {
 	case <-time.After(20 * time.Second):
 		m.Kill()
 	}
+}
+
+// Said reports whether the process has printed s.
+func (m *mizar) Said(s string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return strings.Contains(m.out.String(), s)
 }
 
 func (m *mizar) tail(n int) string {
