@@ -41,6 +41,9 @@ type BrokerOptions struct {
 	OSBNamespace string
 	// OSBCertFile and OSBKeyFile serve the OSB API; empty: the apiserver's own.
 	OSBCertFile, OSBKeyFile string
+	// ClientQPS and ClientBurst limit the broker's requests to this server.
+	ClientQPS   float32
+	ClientBurst int
 
 	osbCreds    osb.Credentials
 	osbListener net.Listener
@@ -67,6 +70,19 @@ func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
 		"Namespace of the ServiceInstances and ServiceBindings placed through the OSB API.")
 	fs.StringVar(&o.OSBCertFile, "broker-osb-tls-cert-file", o.OSBCertFile, "Serving certificate of the OSB API. Empty: the apiserver's.")
 	fs.StringVar(&o.OSBKeyFile, "broker-osb-tls-private-key-file", o.OSBKeyFile, "Private key of --broker-osb-tls-cert-file.")
+	// The loopback client's own limit (50 QPS, burst 100) queued every OSB
+	// provision behind the others: 50 platforms at once waited up to a second.
+	// The server's max-in-flight limits still protect it.
+	fs.Float32Var(&o.ClientQPS, "broker-client-qps", 1000, "Requests per second the OSB API and the fulfillment operator may send to this server.")
+	fs.IntVar(&o.ClientBurst, "broker-client-burst", 2000, "Burst of --broker-client-qps.")
+}
+
+// loopback is the server's loopback client config with the broker's rate limits.
+func (o *BrokerOptions) loopback(cfg *rest.Config, userAgent string) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
+	cfg.UserAgent = userAgent
+	return cfg
 }
 
 // Complete checks the flags, loads the workload cluster's configuration and
@@ -75,6 +91,9 @@ func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
 func (o *BrokerOptions) Complete() error {
 	if o.Workers < 1 {
 		return fmt.Errorf("--broker-workers must be at least 1, got %d", o.Workers)
+	}
+	if o.ClientQPS <= 0 || o.ClientBurst < 1 {
+		return fmt.Errorf("--broker-client-qps and --broker-client-burst must be positive, got %v and %d", o.ClientQPS, o.ClientBurst)
 	}
 	if o.OSBAddress != "" {
 		if o.OSBCredentialsFile == "" {
@@ -141,7 +160,7 @@ func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Con
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(loopback)
+	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-fulfillment/"+identity))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
@@ -187,7 +206,7 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, cer
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(loopback)
+	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-osb"))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
