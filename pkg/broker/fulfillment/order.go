@@ -336,10 +336,12 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 	}
 
 	p := progressOf(in)
-	if in.DeletionTimestamp == nil && p.Phase == saga.Succeeded && in.Status.ObservedGeneration != in.Generation {
-		// The plan or parameters changed (an update): bring the StatefulSet to
-		// the new spec and wait for its replicas again. The Secret and Service
-		// stay done, so a failure compensates the whole workload as always.
+	if in.DeletionTimestamp == nil && in.Status.ObservedGeneration != in.Generation && (p.Phase == saga.Succeeded || p.Phase == saga.Running) &&
+		slices.ContainsFunc(p.Steps, func(s saga.StepProgress) bool { return s.Name == StepStatefulSet && s.State == saga.Done }) {
+		// The plan or parameters changed (an update) after the StatefulSet was
+		// made: bring it to the new spec and wait for its replicas again. The
+		// Secret and Service stay done, so a failure compensates the whole
+		// workload as always.
 		restartFrom(p, StepStatefulSet)
 	}
 	s := &saga.Saga{

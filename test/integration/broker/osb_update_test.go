@@ -11,6 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/broker/fulfillment"
 )
 
 // TestOSBUpdateChangesTheStatefulSet: an OSB update to a plan of the same
@@ -143,4 +146,43 @@ func workloadGoneEventually(t *testing.T, f *osbFixture, id string) {
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestUpdateWhileProvisioningReachesTheStatefulSet: a plan changed (kubectl's
+// way) after the StatefulSet was made but before the order is Provisioned is
+// not lost: the saga goes back to the StatefulSet and waits for the new count.
+func TestUpdateWhileProvisioningReachesTheStatefulSet(t *testing.T) {
+	ctx := testContext(t)
+	c := createClass(t)
+	plus := c.Spec.Plans[1]
+	plus.Name, plus.ID, plus.Replicas = "ha-plus", plus.ID+"-plus", 5
+	c.Spec.Plans = append(c.Spec.Plans, plus)
+	if _, err := shared.Client.BrokerV1alpha1().ServiceClasses().Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kube, _ := workload()
+	startOperator(t, kube)
+	ns := "team-" + utilrand.String(6)
+	instances := shared.Client.BrokerV1alpha1().ServiceInstances(ns)
+	if _, err := instances.Create(ctx, order(ns, "db", c.Name, "ha", ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	in := waitOrder(t, ns, "db", "waited for 3 replicas", func(in *v1.ServiceInstance) bool {
+		return in != nil && stepOf(in, fulfillment.StepReplicas).Message == "waiting for 0/3 replicas ready"
+	})
+	in.Spec.Plan = "ha-plus"
+	if _, err := instances.Update(ctx, in, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitOrder(t, ns, "db", "waited for 5 replicas", func(in *v1.ServiceInstance) bool {
+		return in != nil && stepOf(in, fulfillment.StepReplicas).Message == "waiting for 0/5 replicas ready"
+	})
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, "db", metav1.GetOptions{})
+	if err != nil || *sts.Spec.Replicas != 5 {
+		t.Fatalf("StatefulSet after the plan change: %v %v", err, sts)
+	}
+	markReady(t, kube, ns, "db", 5)
+	waitOrder(t, ns, "db", "Provisioned on the new plan", func(in *v1.ServiceInstance) bool {
+		return in != nil && in.Status.Phase == v1.PhaseProvisioned && in.Status.ObservedGeneration == in.Generation
+	})
 }
