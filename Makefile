@@ -14,7 +14,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni cluster-up cluster-down
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker e2e-broker cluster-up cluster-down
 
 all: build
 
@@ -43,10 +43,10 @@ test: deps kube-binaries build verify
 images:
 	hack/images.sh
 
-# etcd, kube-apiserver, kube-controller-manager, kubectl 1.35 and 1.33, helm
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, kubectl 1.35 and 1.33, helm
 # (hack/kube-binaries.sh; a no-op once cached in $(MIZAR_CACHE)).
 kube-binaries:
-	hack/kube-binaries.sh etcd kube-apiserver kube-controller-manager kubectl kubectl-1.33 helm >/dev/null
+	hack/kube-binaries.sh etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl kubectl-1.33 helm >/dev/null
 
 # mizar-apiserver behind a real kube-apiserver, driven by kubectl 1.35 and 1.33 (needs root).
 e2e-aggregated: kube-binaries build
@@ -84,7 +84,7 @@ verify-deps:
 verify-codegen:
 	hack/verify-codegen.sh
 
-bench: bench-apiserver bench-workflow bench-dataplane bench-cni
+bench: bench-apiserver bench-workflow bench-dataplane bench-cni bench-broker
 
 # The e2e-aggregated control plane, kept running for kubectl by hand (Ctrl-C stops it; needs root).
 cluster: kube-binaries build
@@ -102,6 +102,17 @@ bench-apiserver:
 # count via MIZAR_WF_BENCH_DROPLETS / MIZAR_WF_BENCH_ENDPOINTS.
 bench-workflow:
 	$(GO) test ./test/workflow -run '^$$' -bench . -benchtime 1x -timeout 30m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
+
+# OSB provision answers under 50 concurrent platforms (in-process facade, and the
+# server's own listener with the loopback's old 50 QPS limit and with the broker's),
+# beside a plain ServiceInstance create, and order -> StatefulSet (one run; ratios in the line).
+bench-broker:
+	$(GO) test ./test/integration/broker -run '^$$' -bench Provision -benchtime 1x -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} |^\{'
+
+# The broker end to end: kube-apiserver, kcm, scheduler and kwok nodes as the
+# workload cluster, mizar-apiserver as a process killed mid-saga (no root needed).
+e2e-broker: kube-binaries build
+	$(GO) test -count=1 -v ./test/brokere2e
 
 # CNI ADD latency through the plugin and libcni: sequential and 100 at once on
 # one node, beside a bare veth create (needs root).

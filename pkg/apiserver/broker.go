@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -19,6 +21,7 @@ import (
 	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/broker/osb"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	"mizar.dev/pkg/leader"
 )
 
 // BrokerOptions are the --broker-* flags: the service broker's fulfillment
@@ -38,11 +41,18 @@ type BrokerOptions struct {
 	OSBNamespace string
 	// OSBCertFile and OSBKeyFile serve the OSB API; empty: the apiserver's own.
 	OSBCertFile, OSBKeyFile string
+	// ClientQPS and ClientBurst limit the broker's requests to this server.
+	ClientQPS   float32
+	ClientBurst int
 
 	osbCreds    osb.Credentials
 	osbListener net.Listener
 
 	workload *rest.Config
+	// fulfillmentDone closes once the fulfillment operator has stopped, if
+	// fulfillmentStarted says it was started (by a post-start hook).
+	fulfillmentDone    chan struct{}
+	fulfillmentStarted atomic.Bool
 }
 
 // AddFlags registers the broker flags.
@@ -60,6 +70,19 @@ func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
 		"Namespace of the ServiceInstances and ServiceBindings placed through the OSB API.")
 	fs.StringVar(&o.OSBCertFile, "broker-osb-tls-cert-file", o.OSBCertFile, "Serving certificate of the OSB API. Empty: the apiserver's.")
 	fs.StringVar(&o.OSBKeyFile, "broker-osb-tls-private-key-file", o.OSBKeyFile, "Private key of --broker-osb-tls-cert-file.")
+	// The loopback client's own limit (50 QPS, burst 100) queued every OSB
+	// provision behind the others: 50 platforms at once waited up to a second.
+	// The server's max-in-flight limits still protect it.
+	fs.Float32Var(&o.ClientQPS, "broker-client-qps", 1000, "Requests per second the OSB API and the fulfillment operator may send to this server.")
+	fs.IntVar(&o.ClientBurst, "broker-client-burst", 2000, "Burst of --broker-client-qps.")
+}
+
+// loopback is the server's loopback client config with the broker's rate limits.
+func (o *BrokerOptions) loopback(cfg *rest.Config, userAgent string) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
+	cfg.UserAgent = userAgent
+	return cfg
 }
 
 // Complete checks the flags, loads the workload cluster's configuration and
@@ -68,6 +91,9 @@ func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
 func (o *BrokerOptions) Complete() error {
 	if o.Workers < 1 {
 		return fmt.Errorf("--broker-workers must be at least 1, got %d", o.Workers)
+	}
+	if o.ClientQPS <= 0 || o.ClientBurst < 1 {
+		return fmt.Errorf("--broker-client-qps and --broker-client-burst must be positive, got %v and %d", o.ClientQPS, o.ClientBurst)
 	}
 	if o.OSBAddress != "" {
 		if o.OSBCredentialsFile == "" {
@@ -88,6 +114,7 @@ func (o *BrokerOptions) Complete() error {
 		}
 		o.osbListener = l
 	}
+	o.fulfillmentDone = make(chan struct{})
 	if !o.Fulfillment && o.OSBAddress == "" {
 		return nil
 	}
@@ -122,26 +149,46 @@ func (o *BrokerOptions) workloadConfig() (*rest.Config, error) {
 }
 
 // startFulfillment runs the operator against this server (through its loopback
-// client) until ctx ends.
-func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config) error {
-	workload, err := kubernetes.NewForConfig(o.workload)
+// client) until ctx ends, while this replica leads the fulfillment election on
+// mizar's etcd: two replicas never advance orders at once.
+func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config, etcd *clientv3.Client) error {
+	identity := leader.NewIdentity()
+	// The workload cluster's audit log names the replica that acted.
+	cfg := rest.CopyConfig(o.workload)
+	cfg.UserAgent = "mizar-broker-fulfillment/" + identity
+	workload, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(loopback)
+	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-fulfillment/"+identity))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
-	c, err := fulfillment.New(mizar, workload)
-	if err != nil {
-		return err
-	}
+	o.fulfillmentStarted.Store(true)
 	go func() {
-		if err := c.Run(ctx, o.Workers); err != nil {
+		defer close(o.fulfillmentDone)
+		err := leader.Run(ctx, leader.Options{Etcd: etcd, Key: fulfillment.ElectionKey, Name: "Fulfillment operator", Identity: identity},
+			func(ctx context.Context) error {
+				// A fresh operator each term: its caches start from what is there now.
+				c, err := fulfillment.New(mizar, workload)
+				if err != nil {
+					return err
+				}
+				return c.Run(ctx, o.Workers)
+			})
+		if err != nil {
 			klog.ErrorS(err, "Fulfillment operator stopped")
 		}
 	}()
 	return nil
+}
+
+// WaitFulfillment returns once the fulfillment operator, if it was started,
+// has stopped (it uses the etcd client for its election).
+func (o *BrokerOptions) WaitFulfillment() {
+	if o.fulfillmentStarted.Load() {
+		<-o.fulfillmentDone
+	}
 }
 
 // startOSB serves the Open Service Broker API until ctx ends. certFile/keyFile
@@ -159,7 +206,7 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, cer
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(loopback)
+	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-osb"))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}

@@ -268,8 +268,10 @@ func (o *Options) Run(ctx context.Context) error {
 	// The operators use the etcd client closed by the cleanups: wait for them first.
 	defer server.WaitOperators()
 	if o.Broker.Fulfillment {
+		// It uses the etcd client closed by the cleanups: wait for it first.
+		defer o.Broker.WaitFulfillment()
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
-			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig)
+			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig, client)
 		})
 	}
 	if o.Broker.OSBAddress != "" {

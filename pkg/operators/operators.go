@@ -1,26 +1,21 @@
 // Package operators runs mizar's cluster-wide operators (VPC, Subnet, Endpoint,
 // Divider, Bouncer and Droplet placement) inside mizar-apiserver. Only the
-// leader runs them: replicas campaign in an election on mizar's own etcd
-// (mizar-apiserver serves no Lease kind), and a replica that loses its etcd
-// session stops acting before another takes over.
+// leader runs them (package leader: an election on mizar's own etcd).
 package operators
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
-	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 
 	"mizar.dev/pkg/generated/clientset/versioned"
 	informers "mizar.dev/pkg/generated/informers/externalversions"
+	"mizar.dev/pkg/leader"
 	"mizar.dev/pkg/operators/bouncer"
 	"mizar.dev/pkg/operators/divider"
 	"mizar.dev/pkg/operators/droplet"
@@ -53,70 +48,13 @@ func Run(ctx context.Context, o Options) error {
 	if o.Config == nil || o.Etcd == nil {
 		return errors.New("operators: a client config and an etcd client are required")
 	}
-	if o.Identity == "" {
-		host, _ := os.Hostname()
-		o.Identity = host + "-" + utilrand.String(6)
-	}
-	if o.LeaseTTL == 0 {
-		o.LeaseTTL = 5
-	}
 	if o.Workers == 0 {
 		o.Workers = 4
 	}
-	for ctx.Err() == nil {
-		if err := lead(ctx, o); err != nil && ctx.Err() == nil {
-			klog.ErrorS(err, "Operators: leadership ended; campaigning again", "identity", o.Identity)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-	return nil
-}
-
-// lead waits to be elected, then runs the operators until leadership or ctx ends.
-func lead(ctx context.Context, o Options) error {
-	session, err := concurrency.NewSession(o.Etcd, concurrency.WithTTL(o.LeaseTTL), concurrency.WithContext(ctx))
-	if err != nil {
-		return fmt.Errorf("etcd session: %w", err)
-	}
-	defer session.Close() // revokes the lease: a clean stop hands over at once
-	election := concurrency.NewElection(session, ElectionKey)
-	if err := election.Campaign(ctx, o.Identity); err != nil {
-		return fmt.Errorf("campaigning: %w", err)
-	}
-	klog.InfoS("Operators: elected leader", "identity", o.Identity)
-	leadCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-session.Done(): // lease lost: another replica may lead now
-			klog.InfoS("Operators: etcd session lost; stopping", "identity", o.Identity)
-			cancel()
-		case <-leadCtx.Done():
-		}
-	}()
-	if o.OnLeading != nil {
-		o.OnLeading(true)
-	}
-	// Acting stops the moment leadCtx ends: every request the operators make
-	// carries it. Waiting for their goroutines to wind down comes after.
-	stopped := make(chan struct{})
-	go func() {
-		<-leadCtx.Done()
-		if o.OnLeading != nil {
-			o.OnLeading(false)
-		}
-		close(stopped)
-	}()
-	err = runOperators(leadCtx, o)
-	cancel()
-	<-stopped
-	resignCtx, done := context.WithTimeout(context.Background(), 2*time.Second)
-	defer done()
-	_ = election.Resign(resignCtx)
-	return err
+	return leader.Run(ctx, leader.Options{
+		Etcd: o.Etcd, Key: ElectionKey, Name: "Operators",
+		Identity: o.Identity, LeaseTTL: o.LeaseTTL, OnLeading: o.OnLeading,
+	}, func(ctx context.Context) error { return runOperators(ctx, o) })
 }
 
 // runOperators starts the informers and every operator and blocks until ctx ends.

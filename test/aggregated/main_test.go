@@ -13,9 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,21 +66,21 @@ func run(m *testing.M) int {
 		}
 	}()
 
-	bins, err := kubeBinaries("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
+	bins, err := cluster.Binaries("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "aggregated:", err)
 		return 1
 	}
 	kubectls = []kubectlBin{{"1.35", bins["kubectl"]}}
 	// The skew check's older kubectl: if it cannot be built here, only its run is skipped.
-	if old, err := kubeBinaries("kubectl-1.33"); err != nil {
+	if old, err := cluster.Binaries("kubectl-1.33"); err != nil {
 		kubectlSkipped = fmt.Sprintf("kubectl 1.33 is not installable here: %v", err)
 		fmt.Fprintln(os.Stderr, "aggregated:", kubectlSkipped)
 	} else {
 		kubectls = append(kubectls, kubectlBin{"1.33", old["kubectl-1.33"]})
 	}
 	helmBin = bins["helm"]
-	mizar, err := mizarAPIServer(dir)
+	mizar, err := cluster.MizarAPIServer(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "aggregated:", err)
 		return 1
@@ -118,38 +116,4 @@ func run(m *testing.M) int {
 		code = 1
 	}
 	return code
-}
-
-// kubeBinaries asks hack/kube-binaries.sh for the binaries (a no-op once cached).
-func kubeBinaries(names ...string) (map[string]string, error) {
-	cmd := exec.Command(filepath.Join(repoRoot, "hack/kube-binaries.sh"), names...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("hack/kube-binaries.sh %s: %w", strings.Join(names, " "), err)
-	}
-	paths := strings.Fields(string(out))
-	if len(paths) != len(names) {
-		return nil, fmt.Errorf("hack/kube-binaries.sh printed %d paths for %d names: %q", len(paths), len(names), out)
-	}
-	m := map[string]string{}
-	for i, n := range names {
-		m[n] = paths[i]
-	}
-	return m, nil
-}
-
-func mizarAPIServer(dir string) (string, error) {
-	if p := os.Getenv("MIZAR_APISERVER"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("MIZAR_APISERVER: %w", err)
-		}
-		return filepath.Abs(p)
-	}
-	out := filepath.Join(dir, "mizar-apiserver")
-	cmd := exec.Command("go", "build", "-o", out, "mizar.dev/cmd/apiserver")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building mizar-apiserver: %w\n%s", err, b)
-	}
-	return out, nil
 }

@@ -495,8 +495,8 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 	defer cancel()
 	var last string
 	for {
-		if p := c.proc(name); p != nil && p.exited() {
-			return fmt.Errorf("%s exited before it was ready: %v\n%s", name, p.waitErr, p.tail(40))
+		if p := c.proc(name); p != nil && p.Exited() {
+			return fmt.Errorf("%s exited before it was ready: %v\n%s", name, p.Err(), p.Tail(40))
 		}
 		resp, err := client.Get(url + "/readyz")
 		if err == nil {
@@ -514,7 +514,7 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 		case <-ctx.Done():
 			msg := fmt.Sprintf("%s not ready at %s/readyz (last: %s)", name, url, last)
 			if p := c.proc(name); p != nil {
-				msg += "\n" + p.tail(40)
+				msg += "\n" + p.Tail(40)
 			}
 			return errors.New(msg)
 		case <-time.After(200 * time.Millisecond):
@@ -554,52 +554,6 @@ func (c *Cluster) Stop() error {
 	return errors.Join(errs...)
 }
 
-// Proc is one process of the cluster.
-type Proc struct {
-	Name    string
-	Log     string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-}
-
-func (p *Proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *Proc) tail(n int) string {
-	b, _ := os.ReadFile(p.Log)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return fmt.Sprintf("--- last lines of %s:\n%s", p.Log, strings.Join(lines, "\n"))
-}
-
-// Stop sends SIGTERM and kills the process if it has not exited in time.
-func (p *Proc) Stop() error {
-	if p.exited() {
-		return nil
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(stopTimeout):
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	return fmt.Errorf("%s ignored SIGTERM for %v: %w", p.Name, stopTimeout, ErrKilled)
-}
-
-// ErrKilled says a process did not exit on SIGTERM in time and was killed.
-var ErrKilled = errors.New("killed")
-
 func (c *Cluster) proc(name string) *Proc {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -616,12 +570,6 @@ func (c *Cluster) start(name string, inNetns bool, bin string, args ...string) (
 	if bin == "" {
 		return nil, fmt.Errorf("no %s binary given", name)
 	}
-	logFile := c.path("logs", fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))
-	f, err := os.Create(logFile)
-	if err != nil {
-		return nil, fmt.Errorf("creating %s's log: %w", name, err)
-	}
-	defer f.Close()
 	var cmd *exec.Cmd
 	if inNetns {
 		// ip netns exec execs the binary in place: the pid is the server's own.
@@ -629,17 +577,10 @@ func (c *Cluster) start(name string, inNetns bool, bin string, args ...string) (
 	} else {
 		cmd = exec.Command(bin, args...)
 	}
-	cmd.Stdout, cmd.Stderr = f, f
-	// The kernel kills the process if the test binary dies without cleaning up.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
+	p, err := StartProc(name, c.path("logs", fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano())), cmd)
+	if err != nil {
+		return nil, err
 	}
-	p := &Proc{Name: name, Log: logFile, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()

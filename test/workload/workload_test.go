@@ -7,24 +7,14 @@ package workload
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
-	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"code.cloudfoundry.org/brokerapi/v13/domain"
-	"go.etcd.io/etcd/server/v3/embed"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -32,132 +22,42 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/keyutil"
 
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/broker/osb"
 	"mizar.dev/pkg/broker/saga"
+	"mizar.dev/test/cluster"
+	"mizar.dev/test/workloadcluster"
 )
 
-const adminToken = "mizar-workload-test-admin"
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "../..")
-}
-
-// kubeAPIServer finds the binary: $KUBE_APISERVER, the project's build script, or its cache.
-func kubeAPIServer(t *testing.T) string {
-	if p := os.Getenv("KUBE_APISERVER"); p != "" {
-		return p
-	}
-	if script := filepath.Join(repoRoot(), "hack/kube-binaries.sh"); fileExists(script) {
-		if out, err := exec.Command(script, "kube-apiserver").Output(); err == nil {
-			return strings.TrimSpace(string(out))
-		}
-	}
-	home, _ := os.UserHomeDir()
-	if p := filepath.Join(home, ".cache/mizar/kube-v1.35.4/bin/kube-apiserver"); fileExists(p) {
-		return p
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("no kube-apiserver binary (set KUBE_APISERVER or run hack/kube-binaries.sh)")
-	}
-	t.Skip("no kube-apiserver binary (set KUBE_APISERVER or run hack/kube-binaries.sh)")
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startWorkloadCluster runs etcd (in-process) and kube-apiserver; it returns an
-// admin config.
+// startWorkloadCluster runs etcd and kube-apiserver (test/workloadcluster);
+// it returns an admin config.
 func startWorkloadCluster(t *testing.T) *rest.Config {
-	bin := kubeAPIServer(t)
-	dir := t.TempDir()
-
-	cfg := embed.NewConfig()
-	cfg.Dir = filepath.Join(dir, "etcd")
-	cfg.UnsafeNoFsync = true
-	cfg.LogLevel = "error"
-	u := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{u}, []url.URL{u}
-	cfg.ListenPeerUrls = nil
-	cfg.AdvertisePeerUrls = []url.URL{{Scheme: "http", Host: "localhost:2380"}}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
+	bins, err := cluster.Binaries("kube-apiserver")
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	<-e.Server.ReadyNotify()
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := keyutil.MarshalPrivateKeyToPEM(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, data, 0o600); err != nil {
+		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
 		}
-		return p
+		t.Skip(err)
 	}
-	saKey := write("sa.key", keyPEM)
-	saPub := write("sa.pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
-	tokens := write("tokens.csv", []byte(adminToken+",admin,admin,system:masters\n"))
-	port := freePort(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin,
-		"--etcd-servers="+u.String(), "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", port), "--cert-dir="+filepath.Join(dir, "certs"),
-		"--authorization-mode=RBAC", "--token-auth-file="+tokens,
-		"--service-cluster-ip-range=10.0.0.0/24", "--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
-		"--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false")
-	logf, _ := os.Create(filepath.Join(dir, "kube-apiserver.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	c, err := workloadcluster.Start(context.Background(), workloadcluster.Options{Dir: t.TempDir(), KubeAPIServer: bins["kube-apiserver"]})
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
 		if t.Failed() {
-			out, _ := os.ReadFile(filepath.Join(dir, "kube-apiserver.log"))
-			if len(out) > 4000 {
-				out = out[len(out)-4000:]
-			}
-			t.Logf("kube-apiserver log tail:\n%s", out)
+			t.Log(c.Logs(40))
+		}
+		if err := c.Stop(); err != nil {
+			t.Error(err)
 		}
 	})
-	admin := &rest.Config{Host: fmt.Sprintf("https://127.0.0.1:%d", port), BearerToken: adminToken,
-		TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
-	kube := kubernetes.NewForConfigOrDie(admin)
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		body, err := kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil && string(body) == "ok", nil
-	})
-	if err != nil {
-		t.Fatalf("kube-apiserver never ready: %v", err)
-	}
-	return admin
+	return c.Admin
 }
+
+func repoRoot() string { return cluster.RepoRoot() }
 
 func kubectl(t *testing.T, admin *rest.Config, args ...string) {
 	t.Helper()

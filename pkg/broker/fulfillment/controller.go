@@ -31,6 +31,10 @@ import (
 	networkinglisters "mizar.dev/pkg/generated/listers/networking/v1alpha1"
 )
 
+// ElectionKey is the etcd prefix mizar-apiserver replicas campaign under for
+// running this operator: one leader advances orders at a time.
+const ElectionKey = "/mizar/broker/fulfillment/leader"
+
 // subnetIndex finds the orders waiting for a subnet.
 const subnetIndex = "spec.subnet"
 

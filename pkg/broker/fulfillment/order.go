@@ -132,7 +132,20 @@ func database(in *brokerv1.ServiceInstance) string {
 	return "app"
 }
 
-// deadline is the order's creation plus its deadline (or its plan's limit).
+// restartFrom runs the saga forward again from the named step on.
+func restartFrom(p *saga.Progress, step string) {
+	from := slices.IndexFunc(p.Steps, func(s saga.StepProgress) bool { return s.Name == step })
+	if from < 0 {
+		return
+	}
+	for i := from; i < len(p.Steps); i++ {
+		p.Steps[i] = saga.StepProgress{Name: p.Steps[i].Name, State: saga.Pending}
+	}
+	p.Phase, p.Reason = saga.Running, ""
+}
+
+// deadline is the order's creation plus its deadline (or its plan's limit);
+// for an update, the update's start plus the same.
 func (c *Controller) deadline(in *brokerv1.ServiceInstance) time.Time {
 	d := brokerv1.DefaultMaxProvisioningDuration
 	if in.Spec.Deadline != nil {
@@ -144,7 +157,16 @@ func (c *Controller) deadline(in *brokerv1.ServiceInstance) time.Time {
 			}
 		}
 	}
-	return in.CreationTimestamp.Add(d)
+	start := in.CreationTimestamp.Time
+	if strings.HasPrefix(in.Status.Operation, "update-") {
+		start = c.now()
+		for _, s := range in.Status.Steps {
+			if s.Name == StepStatefulSet && s.StartedAt != nil && in.Status.ObservedGeneration == in.Generation {
+				start = s.StartedAt.Time
+			}
+		}
+	}
+	return start.Add(d)
 }
 
 // progressOf reads the saga's progress from the order's status.
@@ -314,6 +336,14 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 	}
 
 	p := progressOf(in)
+	if in.DeletionTimestamp == nil && in.Status.ObservedGeneration != in.Generation && (p.Phase == saga.Succeeded || p.Phase == saga.Running) &&
+		slices.ContainsFunc(p.Steps, func(s saga.StepProgress) bool { return s.Name == StepStatefulSet && s.State == saga.Done }) {
+		// The plan or parameters changed (an update) after the StatefulSet was
+		// made: bring it to the new spec and wait for its replicas again. The
+		// Secret and Service stay done, so a failure compensates the whole
+		// workload as always.
+		restartFrom(p, StepStatefulSet)
+	}
 	s := &saga.Saga{
 		Steps:    c.steps(in),
 		Deadline: c.deadline(in),

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -219,7 +220,10 @@ func ensureStatefulSet(ctx context.Context, kube kubernetes.Interface, in *broke
 	n := namesOf(in)
 	existing, err := kube.AppsV1().StatefulSets(in.Namespace).Get(ctx, n.statefulSet, metav1.GetOptions{})
 	if err == nil {
-		return owned(in, "StatefulSet", existing)
+		if err := owned(in, "StatefulSet", existing); err != nil {
+			return err
+		}
+		return updateStatefulSet(ctx, kube, existing, statefulSet(in, class, plan))
 	}
 	if !apierrors.IsNotFound(err) {
 		return classify("reading the StatefulSet", err)
@@ -228,6 +232,28 @@ func ensureStatefulSet(ctx context.Context, kube kubernetes.Interface, in *broke
 		return classify("creating the StatefulSet", err)
 	} else if err != nil {
 		return fmt.Errorf("StatefulSet appeared while creating it; checking it again")
+	}
+	return nil
+}
+
+// updateStatefulSet brings an existing StatefulSet to what the plan asks
+// (replicas, the container's resources and image): an update of the order.
+// Its volume claim templates cannot change; the registry refuses plans that
+// would need it.
+func updateStatefulSet(ctx context.Context, kube kubernetes.Interface, existing, want *appsv1.StatefulSet) error {
+	cur := &existing.Spec.Template.Spec.Containers[0]
+	next := want.Spec.Template.Spec.Containers[0]
+	if *existing.Spec.Replicas == *want.Spec.Replicas && cur.Image == next.Image &&
+		apiequality.Semantic.DeepEqual(cur.Resources, next.Resources) {
+		return nil
+	}
+	sts := existing.DeepCopy()
+	sts.Spec.Replicas = want.Spec.Replicas
+	c := &sts.Spec.Template.Spec.Containers[0]
+	c.Image, c.Resources = next.Image, next.Resources
+	// A conflict (someone else wrote it since) is retried with a fresh read.
+	if _, err := kube.AppsV1().StatefulSets(sts.Namespace).Update(ctx, sts, metav1.UpdateOptions{}); err != nil {
+		return classify("updating the StatefulSet", err)
 	}
 	return nil
 }
@@ -244,6 +270,10 @@ func replicasReady(ctx context.Context, kube kubernetes.Interface, in *brokerv1.
 	}
 	if sts.Status.ObservedGeneration < sts.Generation || sts.Status.ReadyReplicas < want {
 		return saga.Wait("waiting for %d/%d replicas ready", sts.Status.ReadyReplicas, want)
+	}
+	// After an update, old pods are replaced one by one: ready is not enough.
+	if sts.Status.UpdateRevision != "" && sts.Status.CurrentRevision != sts.Status.UpdateRevision {
+		return saga.Wait("waiting for %d/%d replicas updated", sts.Status.UpdatedReplicas, want)
 	}
 	return nil
 }

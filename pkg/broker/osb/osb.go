@@ -136,7 +136,7 @@ func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
 	for _, c := range classes {
 		s := domain.Service{
 			ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
-			PlanUpdatable: false, Tags: []string{c.Name},
+			PlanUpdatable: true, Tags: []string{c.Name},
 		}
 		for _, p := range c.Spec.Plans {
 			plan := domain.ServicePlan{ID: p.ID, Name: p.Name, Description: p.Description, Free: domain.FreeValue(true)}
@@ -301,10 +301,17 @@ func (b *Broker) GetInstance(context.Context, string, domain.FetchInstanceDetail
 	return domain.GetInstanceDetailsSpec{}, errNotFound
 }
 
-// Update accepts only what changes nothing (the same plan, no parameters):
-// plan_updateable is false, and resizing a running database is not something
-// the saga does yet. Anything else is refused with nothing changed.
-func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, _ bool) (domain.UpdateServiceSpec, error) {
+// Update changes an instance's plan or parameters (parameters not sent stay
+// as they are). The order's spec changes and the fulfillment operator brings
+// the StatefulSet to it: 202 with the update's operation. An update that
+// changes nothing answers 200 once the instance is provisioned; the same
+// update again while it runs, 202 with the same operation; any other change
+// while the instance is busy, 422 ConcurrencyError. Plans whose storage
+// differs are refused (422): a StatefulSet's claims cannot be resized.
+func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, async bool) (domain.UpdateServiceSpec, error) {
+	if !async {
+		return domain.UpdateServiceSpec{}, apiresponses.ErrAsyncRequired
+	}
 	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return domain.UpdateServiceSpec{}, errNotFound
@@ -312,16 +319,59 @@ func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, 
 	if err != nil {
 		return domain.UpdateServiceSpec{}, fmt.Errorf("reading the order: %w", err)
 	}
-	samePlan := d.PlanID == ""
-	if !samePlan {
-		_, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
-		samePlan = err == nil && plan == in.Spec.Plan
+	want := *in.Spec.DeepCopy()
+	if d.PlanID != "" {
+		class, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
+		if err != nil {
+			return domain.UpdateServiceSpec{}, err
+		}
+		if class != in.Spec.Class {
+			return domain.UpdateServiceSpec{}, errBadParams(fmt.Errorf("service %s is not the service of instance %s", d.ServiceID, id))
+		}
+		want.Plan = plan
 	}
-	noParams := len(d.RawParameters) == 0 || string(d.RawParameters) == "null" || string(d.RawParameters) == "{}"
-	if samePlan && noParams {
-		return domain.UpdateServiceSpec{}, nil
+	if len(d.RawParameters) > 0 && string(d.RawParameters) != "null" {
+		want.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
 	}
-	return domain.UpdateServiceSpec{}, apiresponses.ErrPlanChangeNotSupported
+	busy := in.DeletionTimestamp != nil || in.Status.Phase != brokerv1.PhaseProvisioned || in.Status.ObservedGeneration != in.Generation
+	if sameOrder(&in.Spec, &want) {
+		switch {
+		case !busy:
+			return domain.UpdateServiceSpec{}, nil
+		case in.DeletionTimestamp == nil && strings.HasPrefix(in.Status.Operation, "update-") && in.Status.Phase != brokerv1.PhaseFailed:
+			return domain.UpdateServiceSpec{IsAsync: true, OperationData: in.Status.Operation}, nil
+		}
+	}
+	if busy {
+		return domain.UpdateServiceSpec{}, apiresponses.ErrConcurrentInstanceAccess
+	}
+	in.Spec = want
+	updated, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Update(ctx, in, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsConflict(err):
+		return domain.UpdateServiceSpec{}, apiresponses.ErrConcurrentInstanceAccess
+	case apierrors.IsInvalid(err) && invalidField(err, "spec.plan"):
+		return domain.UpdateServiceSpec{}, failure(fmt.Errorf("plan change refused: %s", invalidCauses(err)), http.StatusUnprocessableEntity, "PlanChangeNotSupported")
+	case apierrors.IsInvalid(err):
+		return domain.UpdateServiceSpec{}, errBadParams(fmt.Errorf("invalid update: %s", invalidCauses(err)))
+	case err != nil:
+		return domain.UpdateServiceSpec{}, fmt.Errorf("updating the order: %w", err)
+	}
+	return domain.UpdateServiceSpec{IsAsync: true, OperationData: updated.Status.Operation}, nil
+}
+
+// invalidField reports whether a 422 names the field.
+func invalidField(err error, field string) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Field == field {
+			return true
+		}
+	}
+	return false
 }
 
 // LastOperation reports the order's progress from its status.
@@ -349,6 +399,10 @@ func lastOperation(in *brokerv1.ServiceInstance) domain.LastOperation {
 	switch {
 	case in.DeletionTimestamp != nil:
 		return domain.LastOperation{State: domain.InProgress, Description: "deprovisioning: " + fulfillment.DescribeUndo(in)}
+	case in.Status.Phase == brokerv1.PhaseProvisioned && in.Status.ObservedGeneration != in.Generation:
+		return domain.LastOperation{State: domain.InProgress, Description: "update accepted, waiting for the fulfillment operator"}
+	case in.Status.Phase == brokerv1.PhaseProvisioned && strings.HasPrefix(in.Status.Operation, "update-"):
+		return domain.LastOperation{State: domain.Succeeded, Description: "updated: every replica runs the new plan and is ready"}
 	case in.Status.Phase == brokerv1.PhaseProvisioned:
 		return domain.LastOperation{State: domain.Succeeded, Description: "provisioned: every replica is ready"}
 	case in.Status.Phase == brokerv1.PhaseFailed && reason == "Failed":

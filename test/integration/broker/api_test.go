@@ -129,9 +129,22 @@ func TestOrderCheckedAgainstItsPlan(t *testing.T) {
 	if got := strings.Join(causes(t, err), ","); got != "FieldValueForbidden spec.parameters.maxConnections" {
 		t.Errorf("plan change to small keeping maxConnections: causes %q", got)
 	}
+	// Valid parameters, but small has other storage than ha: a StatefulSet's
+	// claims cannot be resized, so the change is refused up front.
 	changed.Spec.Parameters = &k8sruntime.RawExtension{Raw: []byte(`{"database":"shop"}`)}
-	if _, err := instances.Update(ctx, changed, metav1.UpdateOptions{}); err != nil {
-		t.Errorf("plan change with valid parameters: %v", err)
+	_, err = instances.Update(ctx, changed, metav1.UpdateOptions{})
+	if got := strings.Join(causes(t, err), ","); got != "FieldValueInvalid spec.plan" || !strings.Contains(err.Error(), "storage cannot change") {
+		t.Errorf("plan change to other storage: causes %q (%v)", got, err)
+	}
+	// A parameter change within the plan is accepted, as an update operation.
+	params := in.DeepCopy()
+	params.Spec.Parameters = &k8sruntime.RawExtension{Raw: []byte(`{"database":"shop","maxConnections":200}`)}
+	updated, err := instances.Update(ctx, params, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("parameter change: %v", err)
+	}
+	if !strings.HasPrefix(updated.Status.Operation, "update-") || updated.Generation == in.Generation {
+		t.Errorf("after a parameter change: operation %q, generation %d (was %d)", updated.Status.Operation, updated.Generation, in.Generation)
 	}
 }
 

@@ -2,19 +2,27 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+
+	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/apiserver/apiservertest"
 )
 
 // BenchmarkProvision measures, in one run on the in-process server:
@@ -119,6 +127,70 @@ func BenchmarkProvision(b *testing.B) {
 		b.ReportMetric(ms(pct(plain, 0.99)), "kube-p99-ms")
 		b.ReportMetric(float64(pct(viaOSB, 0.99))/float64(pct(plain, 0.99)), "osb/kube-p99")
 		b.ReportMetric(ms(pct(toSts, 0.5)), "order-to-sts-p50-ms")
+
+		// The OSB API as the binary serves it: its own TLS listener and the
+		// server's loopback client, once with the loopback's old rate limit
+		// (50 QPS, burst 100) and once with the broker's own.
+		for _, v := range []struct {
+			name  string
+			flags []string
+		}{{"old-limit", []string{"--broker-client-qps", "50", "--broker-client-burst", "100"}}, {"served", nil}} {
+			url, client := servedOSB(b, c, v.flags...)
+			g := &osbFixture{t: b, url: url, http: client, serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID}
+			lat := run(v.name+" osb provision", func(i int) error {
+				r := g.do("PUT", fmt.Sprintf("/v2/service_instances/%s%s-%d?accepts_incomplete=true", v.name[:1], prefix, i), g.provisionBody(g.smallID, nil), nil)
+				if r.code != 202 {
+					return fmt.Errorf("HTTP %d %v", r.code, r.body)
+				}
+				return nil
+			})
+			b.ReportMetric(ms(pct(lat, 0.5)), v.name+"-osb-p50-ms")
+			b.ReportMetric(ms(pct(lat, 0.99)), v.name+"-osb-p99-ms")
+			b.ReportMetric(float64(pct(lat, 0.99))/float64(pct(plain, 0.99)), v.name+"-osb/kube-p99")
+		}
 	}
 
+}
+
+// servedOSB starts another mizar-apiserver with the OSB API on its own
+// listener (extra flags added) and the class c, and returns the API's URL and
+// a client that keeps one connection per concurrent platform.
+func servedOSB(b *testing.B, c *v1.ServiceClass, flags ...string) (string, *http.Client) {
+	dir := b.TempDir()
+	credFile := dir + "/osb-credentials"
+	if err := os.WriteFile(credFile, []byte(creds.Username+":"+creds.Password+"\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	// The workload kubeconfig is only read by bind; the shared server's will do.
+	s := apiservertest.Start(b, dir, append([]string{"--broker-osb-address", addr, "--broker-osb-credentials-file", credFile,
+		"--broker-workload-kubeconfig", shared.Kubeconfig}, flags...)...)
+	class := c.DeepCopy()
+	class.ResourceVersion, class.UID = "", ""
+	if _, err := s.Client.BrokerV1alpha1().ServiceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, MaxIdleConnsPerHost: 50}}
+	// The facade loads the catalog by watch: wait until it offers the class.
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/v2/catalog", nil)
+		req.SetBasicAuth(creds.Username, creds.Password)
+		req.Header.Set("X-Broker-API-Version", "2.17")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 200 && strings.Contains(string(body), c.Spec.ID), nil
+	})
+	if err != nil {
+		b.Fatalf("the served OSB API never offered the class: %v", err)
+	}
+	return "https://" + addr, hc
 }

@@ -17,6 +17,7 @@ import (
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+	"k8s.io/apiserver/pkg/registry/rest"
 
 	"mizar.dev/pkg/apis/broker"
 	"mizar.dev/pkg/apis/broker/v1alpha1"
@@ -110,7 +111,8 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, class
 		if errs := validation.ValidateServiceInstance(in); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
 		}
-		return noop, checkClass(ctx, classes, in)
+		_, err := checkClass(ctx, classes, in)
+		return noop, err
 	}
 	main.Store.BeginUpdate = func(ctx context.Context, obj, old runtime.Object, _ *metav1.UpdateOptions) (genericregistry.FinishFunc, error) {
 		in, prev := obj.(*broker.ServiceInstance), old.(*broker.ServiceInstance)
@@ -120,30 +122,61 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, class
 		if errs := validation.ValidateServiceInstanceUpdate(in, prev); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
 		}
-		return noop, checkClass(ctx, classes, in)
+		class, err := checkClass(ctx, classes, in)
+		if err != nil {
+			return nil, err
+		}
+		// Volume claim templates of a StatefulSet cannot change: a plan with
+		// other storage would fail in the workload cluster, after the fact.
+		if from, to := validation.FindPlan(class, prev.Spec.Plan), validation.FindPlan(class, in.Spec.Plan); from != nil && to != nil && from.Storage.Cmp(to.Storage) != 0 {
+			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "plan"), in.Spec.Plan,
+				fmt.Sprintf("plan %q has %s of storage, plan %q %s: an instance's storage cannot change", to.Name, to.Storage.String(), from.Name, from.Storage.String()))})
+		}
+		return noop, nil
 	}
+	main.Store.UpdateStrategy = updateStrategy{main.Store.UpdateStrategy}
 	return main, status, nil
 }
 
 func noop(context.Context, bool) {}
 
+// updateStrategy gives a change of plan or parameters a new operation, so
+// whoever changed the order (kubectl or an OSB platform) can follow the
+// update; the fulfillment operator sees the new generation and runs it.
+// (BeginUpdate runs before the strategy copies the old status back.)
+type updateStrategy struct{ rest.RESTUpdateStrategy }
+
+func (s updateStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	s.RESTUpdateStrategy.PrepareForUpdate(ctx, obj, old)
+	in, prev := obj.(*broker.ServiceInstance), old.(*broker.ServiceInstance)
+	if in.Spec.Plan != prev.Spec.Plan || !apiequality.Semantic.DeepEqual(in.Spec.Parameters, prev.Spec.Parameters) {
+		in.Status.Operation = NewOperation("update")
+	}
+}
+
 // checkClass reads the order's class and checks plan and parameters against it.
-func checkClass(ctx context.Context, classes *genericregistry.Store, in *broker.ServiceInstance) error {
-	obj, err := classes.Get(genericapirequest.WithNamespace(ctx, ""), in.Spec.Class, &metav1.GetOptions{})
+func checkClass(ctx context.Context, classes *genericregistry.Store, in *broker.ServiceInstance) (*broker.ServiceClass, error) {
+	ctx = genericapirequest.WithNamespace(ctx, "")
+	// The watch cache answers without a round trip to etcd; only a class it
+	// does not know yet (created a moment ago) costs a quorum read.
+	obj, err := classes.Get(ctx, in.Spec.Class, &metav1.GetOptions{ResourceVersion: "0"})
 	if apierrors.IsNotFound(err) {
-		return apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, field.ErrorList{
+		obj, err = classes.Get(ctx, in.Spec.Class, &metav1.GetOptions{})
+	}
+	if apierrors.IsNotFound(err) {
+		return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, field.ErrorList{
 			field.NotFound(field.NewPath("spec", "class"), in.Spec.Class),
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("reading service class %q: %w", in.Spec.Class, err)
+		return nil, fmt.Errorf("reading service class %q: %w", in.Spec.Class, err)
 	}
 	class, ok := obj.(*broker.ServiceClass)
 	if !ok {
-		return fmt.Errorf("reading service class %q: unexpected type %T", in.Spec.Class, obj)
+		return nil, fmt.Errorf("reading service class %q: unexpected type %T", in.Spec.Class, obj)
 	}
 	if errs := validation.ValidateInstanceAgainstClass(in, class); len(errs) > 0 {
-		return apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
+		return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
 	}
-	return nil
+	return class, nil
 }

@@ -1,0 +1,88 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Proc is one process of a test control plane, logging to a file.
+type Proc struct {
+	Name    string
+	Log     string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+}
+
+// StartProc starts cmd with its output in logFile. The kernel kills the
+// process if the test binary dies without stopping it.
+func StartProc(name, logFile string, cmd *exec.Cmd) (*Proc, error) {
+	f, err := os.Create(logFile)
+	if err != nil {
+		return nil, fmt.Errorf("creating %s's log: %w", name, err)
+	}
+	defer f.Close()
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Proc{Name: name, Log: logFile, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Err is how the process ended (nil while it runs or after a clean exit).
+func (p *Proc) Err() error {
+	if !p.Exited() {
+		return nil
+	}
+	return p.waitErr
+}
+
+// Tail is the last n lines of the process's log, for error messages.
+func (p *Proc) Tail(n int) string {
+	b, _ := os.ReadFile(p.Log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return fmt.Sprintf("--- last lines of %s:\n%s", p.Log, strings.Join(lines, "\n"))
+}
+
+// Stop sends SIGTERM and kills the process if it has not exited in time.
+func (p *Proc) Stop() error {
+	if p.Exited() {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(stopTimeout):
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	return fmt.Errorf("%s ignored SIGTERM for %v: %w", p.Name, stopTimeout, ErrKilled)
+}
+
+// ErrKilled says a process did not exit on SIGTERM in time and was killed.
+var ErrKilled = errors.New("killed")
