@@ -95,8 +95,8 @@ int mizar_underlay(struct xdp_md *ctx)
 	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(GENEVE_PORT))
 		goto pass;
 
-	/* From here on it is Geneve for us: we either handle it or drop it. */
-	count_ul(UL_RX);
+	/* From here on it is Geneve for us: we either handle it or drop it.
+	 * rx is not counted here: Go sums it from the verdict counters. */
 	if (iph->ihl != 5)
 		return ul_drop(UL_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF))
@@ -180,12 +180,22 @@ int mizar_underlay(struct xdp_md *ctx)
 
 			if (sender && sender != self) {
 				struct endpoint_key k = { .vni = vni };
-				struct learned_entry v = { .expires = bpf_ktime_get_ns() + host.learn_ns };
+				__u64 now = bpf_ktime_get_coarse_ns();
 
 				store_u32(k.ip, iip->saddr);
-				store_u32(v.host_ip, sender);
-				if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
-					count_ul(UL_LEARN);
+				struct learned_entry *cur = bpf_map_lookup_elem(&learned, &k);
+
+				/* Rewritten only when the host changed or half the
+				 * lifetime has passed: an update per packet of a
+				 * bounced flow costs more than the rest of the path. */
+				if (!cur || load_u32(cur->host_ip) != sender ||
+				    cur->expires < now + host.learn_ns / 2) {
+					struct learned_entry v = { .expires = now + host.learn_ns };
+
+					store_u32(v.host_ip, sender);
+					if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
+						count_ul(UL_LEARN);
+				}
 			}
 		}
 		copy_mac(ieth->h_dest, r.dst_mac);
@@ -436,7 +446,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 				     const struct route *r, const __u8 *idst, const __u8 *isrc,
 				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
 {
-	struct geneve_encap_opt h = {};
+	struct geneve_encap_opt h __attribute__((aligned(8))) = {};
 	__u32 oif = host.underlay_ifindex;
 	int via_neigh = 0;
 
@@ -505,8 +515,24 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 		store_u32(h.opt.host, ip.saddr); /* the first relay overwrites it */
 	}
 
-	if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
-		return pod_drop(POD_DROP_ENCAP);
+	/* Written in place, in 8-byte words: bpf_skb_adjust_room put the new
+	 * room in the linear head, so no bpf_skb_store_bytes call is needed. */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + sizeof(h) > data_end) {
+		/* Not that much linear data (not expected): the helper copes. */
+		if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
+			return pod_drop(POD_DROP_ENCAP);
+	} else {
+		__u64 *dst = data;
+		const __u64 *src = (const __u64 *)&h;
+
+#pragma unroll
+		for (int i = 0; i < (int)(hlen / 8); i++)
+			dst[i] = src[i];
+		*(__u16 *)(data + hlen - 2) = *(const __u16 *)((const __u8 *)&h + hlen - 2);
+	}
 	if (via_neigh)
 		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
 	return pod_redirected(bpf_redirect(oif, 0), done);
@@ -647,7 +673,7 @@ int mizar_pod(struct __sk_buff *skb)
 
 	if (r.via != VIA_ENDPOINT && host.learn_ns) {
 		__u64 now = 0;
-		__u32 peer = learned_host(cfg->vni, daddr, &now);
+		__u32 peer = learned_host(cfg->vni, daddr, &now, 1);
 
 		with_opt = fits_opt;
 		if (peer) {

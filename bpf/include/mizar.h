@@ -110,7 +110,7 @@ struct pod_iface {
 struct learned_entry {
 	__u8 host_ip[4];
 	__u32 pad;
-	__u64 expires; /* bpf_ktime_get_ns() after which it is not used */
+	__u64 expires; /* CLOCK_MONOTONIC ns after which it is not used */
 };
 
 /* introduced: (vni, local pod ip, peer host) -> when the pod was last
@@ -134,7 +134,7 @@ struct host_config {
  * (lower-cased, prefix dropped). */
 enum underlay_counter {
 	UL_PASS = 0,            /* not Geneve for this host: handed to the kernel */
-	UL_RX,                  /* Geneve to this host's port */
+	UL_RX,                  /* Geneve to this host's port (summed in Go, never counted here) */
 	UL_DELIVER,             /* decapsulated into a local pod */
 	UL_FWD_ENDPOINT,        /* bouncer: sent to the endpoint's host */
 	UL_FWD_SUBNET,          /* divider: sent to a bouncer of the target subnet */

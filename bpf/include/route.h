@@ -134,8 +134,10 @@ static __always_inline int is_relay(__u32 vni, __u32 ip)
 }
 
 /* The host (vni, ip) was learned at, if the entry is alive; 0 otherwise.
- * The clock is read only on a hit (*now, for the caller to reuse). */
-static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
+ * The clock is read only on a hit (*now, for the caller to reuse): the
+ * coarse one unless precise (the introduction delay is shorter than a tick;
+ * a lifetime of seconds does not care about one). */
+static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const int precise)
 {
 	struct endpoint_key k = { .vni = vni };
 
@@ -143,7 +145,7 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
 	struct learned_entry *ln = bpf_map_lookup_elem(&learned, &k);
 	if (!ln)
 		return 0;
-	*now = bpf_ktime_get_ns();
+	*now = precise ? bpf_ktime_get_ns() : bpf_ktime_get_coarse_ns();
 	if (*now >= ln->expires)
 		return 0;
 	return load_u32(ln->host_ip);
@@ -172,7 +174,7 @@ static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *r
 		return 0;
 	}
 	__u64 now;
-	__u32 h = learned_host(vni, isrc, &now);
+	__u32 h = learned_host(vni, isrc, &now, 0);
 
 	if (!h)
 		return UL_DROP_SRC_UNKNOWN;

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -335,11 +336,26 @@ func (d *Datapath) Counters() (Counters, error) {
 	if err != nil {
 		return Counters{}, fmt.Errorf("underlay counters: %w", err)
 	}
+	ul["rx"] = underlayRx(ul)
 	pod, err := sumPerCPU(d.objs.PodStats, d.podNames)
 	if err != nil {
 		return Counters{}, fmt.Errorf("pod counters: %w", err)
 	}
 	return Counters{Underlay: ul, Pod: pod}, nil
+}
+
+// underlayRx is the Geneve this host's port received: every packet the
+// underlay program did not pass ends in exactly one verdict counter (deliver,
+// fwd_*, drop_*), so rx is their sum rather than one more count per packet.
+// learn, stamp and rebounce come on top of a verdict.
+func underlayRx(ul map[string]uint64) uint64 {
+	var rx uint64
+	for name, v := range ul {
+		if name == "deliver" || strings.HasPrefix(name, "fwd_") || strings.HasPrefix(name, "drop_") {
+			rx += v
+		}
+	}
+	return rx
 }
 
 func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
@@ -597,7 +613,7 @@ func (d *Datapath) Learned() ([]LearnedEndpoint, error) {
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return nil, fmt.Errorf("read the monotonic clock: %w", err)
 	}
-	now := ts.Nano() // bpf_ktime_get_ns is CLOCK_MONOTONIC
+	now := ts.Nano() // the programs' clocks (coarse or not) are CLOCK_MONOTONIC
 	var (
 		k   mizarEndpointKey
 		v   mizarLearnedEntry
