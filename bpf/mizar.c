@@ -32,9 +32,8 @@ static __always_inline __u32 self_ip(void)
 
 static __always_inline void self_mac(__u8 *dst)
 {
-#pragma unroll
-	for (int i = 0; i < ETH_ALEN; i++)
-		dst[i] = host.mac[i];
+	*(__u32 *)dst = *(const volatile __u32 *)host.mac;
+	*(__u16 *)(dst + 4) = *(const volatile __u16 *)(host.mac + 4);
 }
 
 /* The next hop toward underlay address dst from the kernel FIB (for hops
@@ -52,8 +51,10 @@ static __always_inline int fib_next_hop(void *ctx, __u32 dst, __u8 *dmac, __u8 *
 	int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		copy_mac(dmac, fib.dmac);
-		copy_mac(smac, fib.smac);
+		/* Byte copies: the MACs in struct bpf_fib_lookup are not
+		 * word-aligned on the stack. */
+		__builtin_memcpy(dmac, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(smac, fib.smac, ETH_ALEN);
 		*oif = fib.ifindex;
 	}
 	return rc;
@@ -363,8 +364,9 @@ static __always_inline int pod_icmp_error(struct __sk_buff *skb, const struct po
 
 	struct icmp_error e;
 
-	copy_mac(e.eth.h_dest, cfg->mac);
-	copy_mac(e.eth.h_source, cfg->gw_mac);
+	/* Byte copies: e is packed, its MACs are not word-aligned on the stack. */
+	__builtin_memcpy(e.eth.h_dest, cfg->mac, ETH_ALEN);
+	__builtin_memcpy(e.eth.h_source, cfg->gw_mac, ETH_ALEN);
 	e.eth.h_proto = bpf_htons(ETH_P_IP);
 	__builtin_memcpy(&e.ip, &ip, sizeof(ip));
 	__builtin_memcpy(&e.icmp, &m, sizeof(m));
@@ -446,7 +448,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 				     const struct route *r, const __u8 *idst, const __u8 *isrc,
 				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
 {
-	struct geneve_encap_opt h __attribute__((aligned(8))) = {};
+	__u8 dmac[8] __attribute__((aligned(8))), smac[8] __attribute__((aligned(8)));
 	__u32 oif = host.underlay_ifindex;
 	int via_neigh = 0;
 
@@ -454,19 +456,15 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	 * MACs. Until it has resolved them the kernel does the routing and
 	 * the ARP itself (bpf_redirect_neigh, which queues the packet). */
 	if (mac_is_zero(r->next.mac)) {
-		via_neigh = fib_next_hop(skb, load_u32(r->next.ip), h.eth.h_dest, h.eth.h_source, &oif) !=
+		__builtin_memset(dmac, 0, sizeof(dmac));
+		__builtin_memset(smac, 0, sizeof(smac));
+		via_neigh = fib_next_hop(skb, load_u32(r->next.ip), dmac, smac, &oif) !=
 			    BPF_FIB_LKUP_RET_SUCCESS;
 	} else {
-		copy_mac(h.eth.h_dest, r->next.mac);
-		self_mac(h.eth.h_source);
+		copy_mac(dmac, r->next.mac);
+		self_mac(smac);
 	}
 	const __u32 hlen = with_opt ? sizeof(struct geneve_encap_opt) : sizeof(struct geneve_encap);
-	/* Without the option the inner Ethernet header sits where it starts. */
-	struct ethhdr *inner = with_opt ? &h.inner : (struct ethhdr *)&h.opt;
-
-	copy_mac(inner->h_dest, idst);
-	copy_mac(inner->h_source, isrc);
-	inner->h_proto = bpf_htons(ETH_P_IP);
 
 	/* Room for outer IPv4 + UDP + Geneve (+ option) + inner Ethernet after
 	 * the MAC header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL
@@ -482,8 +480,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 
 	__u32 len = skb->len;
 
-	/* Built apart from the packed header so its 16-bit words are aligned
-	 * for the checksum loop. */
+	/* Built apart, aligned, so its 16-bit words are summed in place. */
 	struct iphdr ip = {};
 
 	ip.version = 4;
@@ -497,42 +494,51 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	ip.daddr = load_u32(r->next.ip);
 	ip.check = ipv4_csum(&ip);
 
-	h.eth.h_proto = bpf_htons(ETH_P_IP);
-	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
-	h.udp.source = bpf_htons(sport);
-	h.udp.dest = bpf_htons(GENEVE_PORT);
-	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
-	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
-	h.gnv.proto = bpf_htons(ETH_P_TEB_);
-	h.gnv.vni[0] = cfg->vni >> 16;
-	h.gnv.vni[1] = cfg->vni >> 8;
-	h.gnv.vni[2] = cfg->vni;
-	if (with_opt) {
-		h.gnv.ver_optlen = SRC_HOST_OPT_LEN / 4;
-		h.opt.opt_class = bpf_htons(MIZAR_OPT_CLASS);
-		h.opt.type = MIZAR_OPT_SRC_HOST;
-		h.opt.len = 1;
-		store_u32(h.opt.host, ip.saddr); /* the first relay overwrites it */
-	}
-
-	/* Written in place, in 8-byte words: bpf_skb_adjust_room put the new
-	 * room in the linear head, so no bpf_skb_store_bytes call is needed. */
+	/* Written straight into the packet, a word at a time (no
+	 * bpf_skb_store_bytes): bpf_skb_adjust_room made the new room part of
+	 * the linear head. The layout is struct geneve_encap(_opt). */
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
+	__u8 *p = data;
 
-	if (data + sizeof(h) > data_end) {
-		/* Not that much linear data (not expected): the helper copes. */
-		if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
-			return pod_drop(POD_DROP_ENCAP);
-	} else {
-		__u64 *dst = data;
-		const __u64 *src = (const __u64 *)&h;
-
+	if (data + sizeof(struct geneve_encap_opt) > data_end)
+		return pod_drop(POD_DROP_ENCAP);
+	copy_mac(p, dmac);
+	copy_mac(p + 6, smac);
+	*(__u16 *)(p + 12) = bpf_htons(ETH_P_IP);
 #pragma unroll
-		for (int i = 0; i < (int)(hlen / 8); i++)
-			dst[i] = src[i];
-		*(__u16 *)(data + hlen - 2) = *(const __u16 *)((const __u8 *)&h + hlen - 2);
+	for (int i = 0; i < 5; i++)
+		((__u32 *)(p + ETH_HLEN))[i] = ((const __u32 *)&ip)[i];
+
+	struct udphdr *udp = (void *)(p + ETH_HLEN + sizeof(struct iphdr));
+
+	udp->source = bpf_htons(sport);
+	udp->dest = bpf_htons(GENEVE_PORT);
+	udp->len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
+	udp->check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
+
+	struct genevehdr *gnv = (void *)(udp + 1);
+
+	/* Version 0, no flags, Ethernet; VNI and reserved byte as one word. */
+	*(__u16 *)gnv = with_opt ? SRC_HOST_OPT_LEN / 4 : 0;
+	gnv->proto = bpf_htons(ETH_P_TEB_);
+	*(__u32 *)gnv->vni = bpf_htonl(cfg->vni << 8);
+
+	__u8 *inner = (__u8 *)(gnv + 1);
+
+	if (with_opt) {
+		struct geneve_opt_host *opt = (void *)inner;
+
+		opt->opt_class = bpf_htons(MIZAR_OPT_CLASS);
+		*(__u16 *)&opt->type = MIZAR_OPT_SRC_HOST | (1 << 8); /* type, len 1 */
+		store_u32(opt->host, ip.saddr); /* the first relay overwrites it */
+		inner += sizeof(*opt);
 	}
+	/* Inner Ethernet: the delivering host rewrites the destination anyway. */
+	copy_mac(inner, idst);
+	copy_mac(inner + 6, isrc);
+	*(__u16 *)(inner + 12) = bpf_htons(ETH_P_IP);
+
 	if (via_neigh)
 		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
 	return pod_redirected(bpf_redirect(oif, 0), done);
@@ -703,7 +709,7 @@ int mizar_pod(struct __sk_buff *skb)
 
 	/* Inner Ethernet: the endpoint's MAC when known (the delivering host
 	 * rewrites it anyway), the gateway as source when routed. */
-	__u8 idst[ETH_ALEN], isrc[ETH_ALEN];
+	__u8 idst[ETH_ALEN] __attribute__((aligned(4))), isrc[ETH_ALEN] __attribute__((aligned(4)));
 
 	copy_mac(idst, r.has_mac ? r.dst_mac : eth->h_dest);
 	copy_mac(isrc, cross ? cfg->gw_mac : eth->h_source);

@@ -49,7 +49,7 @@ struct hop {
 	__u8 ip[4];
 	__u8 mac[6];
 	__u8 pad[2];
-};
+} __attribute__((aligned(4))); /* word access (pkt.h); the layout is the same */
 
 /* endpoints: (vni, ip) -> endpoint. */
 struct endpoint_key {

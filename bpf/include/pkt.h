@@ -104,45 +104,38 @@ _Static_assert(sizeof(struct geneve_encap) == ETH_HLEN + GENEVE_OVERHEAD,
 	       "encap header must be the 50-byte Geneve overhead plus outer Ethernet");
 _Static_assert(sizeof(struct geneve_opt_host) == SRC_HOST_OPT_LEN, "sending-host option is 8 bytes");
 
+/* Addresses are byte arrays (see mizar.h) but are read and written as
+ * words: memcpy from a __u8 array compiles to one load per byte. Packets and
+ * map values may be accessed unaligned (the verifier allows it where the CPU
+ * does it at full speed: x86-64, arm64); stack objects holding addresses are
+ * laid out or declared so that these words are aligned, as the verifier
+ * requires there. */
 static __always_inline __u32 load_u32(const __u8 *p)
 {
-	__u32 v;
-
-	__builtin_memcpy(&v, p, 4);
-	return v;
+	return *(const __u32 *)p;
 }
 
 static __always_inline void store_u32(__u8 *p, __u32 v)
 {
-	__builtin_memcpy(p, &v, 4);
+	*(__u32 *)p = v;
 }
 
 static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
 {
-	__builtin_memcpy(dst, src, ETH_ALEN);
+	*(__u32 *)dst = *(const __u32 *)src;
+	*(__u16 *)(dst + 4) = *(const __u16 *)(src + 4);
 }
 
 static __always_inline int mac_is_zero(const __u8 *m)
 {
-	__u32 a;
-	__u16 b;
-
-	__builtin_memcpy(&a, m, 4);
-	__builtin_memcpy(&b, m + 4, 2);
-	return (a | b) == 0;
+	return (*(const __u32 *)m | *(const __u16 *)(m + 4)) == 0;
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
 	/* Compared as a 4- and a 2-byte word: one branch, no loop. */
-	__u32 a4, b4;
-	__u16 a2, b2;
-
-	__builtin_memcpy(&a4, a, 4);
-	__builtin_memcpy(&b4, b, 4);
-	__builtin_memcpy(&a2, a + 4, 2);
-	__builtin_memcpy(&b2, b + 4, 2);
-	return ((a4 ^ b4) | (__u32)(a2 ^ b2)) == 0;
+	return ((*(const __u32 *)a ^ *(const __u32 *)b) |
+		(__u32)(*(const __u16 *)(a + 4) ^ *(const __u16 *)(b + 4))) == 0;
 }
 
 /* IPv4 header checksum of a 20-byte header (options are never written). */

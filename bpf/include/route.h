@@ -32,13 +32,15 @@ enum route_via {
 	VIA_UNKNOWN_DST,
 };
 
+/* Ordered so that the addresses are word-aligned on the stack. */
 struct route {
+	struct hop next; /* RT_REMOTE */
+	__u8 dst_mac[6];
+	__u8 has_mac;   /* dst_mac is the endpoint's MAC */
+	__u8 pad;
 	__u32 kind;     /* enum route_kind */
 	__u32 via;      /* enum route_via */
 	__u32 ifindex;  /* RT_LOCAL: host-side veth of the pod */
-	__u8 has_mac;   /* dst_mac is the endpoint's MAC */
-	__u8 dst_mac[6];
-	struct hop next; /* RT_REMOTE */
 };
 
 static __always_inline int hops_contain(const struct hop *hops, __u32 n, __u32 ip)
