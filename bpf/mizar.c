@@ -154,16 +154,43 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 pick = bpf_ntohs(udp->source) & SPORT_MASK;
 	__u32 self = self_ip();
 	__u32 vni = vni_of(gnv);
-	int from_relay = 0;
+	int from_relay = 0, self_relay = 0;
 	struct route r;
+	/* The flow's earlier decision, if the agent changed nothing since. */
+	__u64 gen = current_generation();
+	__u32 slot = pick & (FLOW_SLOTS - 1);
+	struct ul_flow *fl = bpf_map_lookup_elem(&ul_flows, &slot);
 
-	route_lookup(&r, vni, iip->daddr, pick, self);
+	if (fl && fl->valid && fl->gen == gen && fl->vni == vni && fl->osrc == iph->saddr &&
+	    fl->isrc == iip->saddr && fl->idst == iip->daddr && fl->pick == pick) {
+		r = fl->r;
+		from_relay = fl->from_relay;
+		self_relay = fl->self_relay;
+	} else {
+		route_lookup(&r, vni, iip->daddr, pick, self);
+		if (r.kind != RT_DROP) {
+			int learned_trust;
+			int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
-	if (r.kind != RT_DROP) {
-		int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay);
-
-		if (refusal)
-			return ul_drop(refusal);
+			if (refusal)
+				return ul_drop(refusal);
+			if (r.kind == RT_REMOTE)
+				self_relay = is_relay(vni, self);
+			/* Trust learned from a relay expires: checked per packet. */
+			if (fl && !learned_trust) {
+				fl->valid = 0;
+				fl->gen = gen;
+				fl->vni = vni;
+				fl->osrc = iph->saddr;
+				fl->isrc = iip->saddr;
+				fl->idst = iip->daddr;
+				fl->pick = pick;
+				fl->from_relay = from_relay;
+				fl->self_relay = self_relay;
+				fl->r = r;
+				fl->valid = 1;
+			}
+		}
 	}
 
 	if (r.kind == RT_LOCAL) {
@@ -224,8 +251,6 @@ int mizar_underlay(struct xdp_md *ctx)
 		 * host only re-bounces what a sender sent it directly (to a pod
 		 * no longer here): under the sender's address, so the next relay
 		 * checks the sender, not us. */
-		int self_relay = is_relay(vni, self);
-
 		if (!self_relay && from_relay)
 			return ul_drop(UL_DROP_UNKNOWN_DST);
 		if (self_relay && !from_relay && opt) {

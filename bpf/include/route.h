@@ -32,7 +32,8 @@ enum route_via {
 	VIA_UNKNOWN_DST,
 };
 
-/* Ordered so that the addresses are word-aligned on the stack. */
+/* Where a packet goes next. Ordered so that the addresses are word-aligned
+ * on the stack (pkt.h). */
 struct route {
 	struct hop next; /* RT_REMOTE */
 	__u8 dst_mac[6];
@@ -42,6 +43,37 @@ struct route {
 	__u32 via;      /* enum route_via */
 	__u32 ifindex;  /* RT_LOCAL: host-side veth of the pod */
 };
+
+/* ul_flows slot: the underlay decision for (vni, outer source, inner source,
+ * inner destination, pick), made at generation gen. Only decisions the
+ * agent's maps alone made are kept (not trust learned from a relay, which
+ * expires on its own). */
+struct ul_flow {
+	__u64 gen;
+	__u32 vni;
+	__u32 osrc;
+	__u32 isrc;
+	__u32 idst;
+	__u32 pick;
+	__u8 from_relay; /* the outer source is a relay of the VPC */
+	__u8 self_relay; /* this host is one */
+	__u8 valid;
+	__u8 pad;
+	struct route r;
+};
+
+/* Per-CPU flow caches: what the hash lookups of a flow's first packet
+ * decided, valid while the generation is unchanged. Array lookups are
+ * inlined by the verifier; a hash lookup is a call chain costing as much as
+ * the rest of a path. Not pinned: a cache dies with its program. */
+#define FLOW_SLOTS 256
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ul_flow);
+} ul_flows SEC(".maps");
 
 static __always_inline int hops_contain(const struct hop *hops, __u32 n, __u32 ip)
 {
@@ -159,9 +191,10 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const
  * droplet only for endpoints it hosts, as the agent says (endpoints) or as a
  * relay taught this host (learned). Returns 0 or the refusal reason as a
  * counter index; *relay tells whether osrc is a relay. */
-static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *relay)
+static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *relay, int *learned_trust)
 {
 	*relay = is_relay(vni, osrc);
+	*learned_trust = 0;
 	if (*relay)
 		return 0;
 
@@ -180,5 +213,6 @@ static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *r
 
 	if (!h)
 		return UL_DROP_SRC_UNKNOWN;
+	*learned_trust = 1;
 	return h == osrc ? 0 : UL_DROP_SRC_SPOOFED;
 }

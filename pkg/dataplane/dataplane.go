@@ -103,7 +103,8 @@ type Datapath struct {
 	underlayNames []string
 	podNames      []string
 
-	mu sync.Mutex // serialises link pin changes
+	mu    sync.Mutex // serialises link pin changes
+	genMu sync.Mutex // serialises generation bumps (invalidate)
 }
 
 // Load loads the programs with this host's identity and opens (or creates)

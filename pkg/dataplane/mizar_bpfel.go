@@ -113,6 +113,30 @@ type mizarSubnetKey struct {
 	Ip        [4]uint8
 }
 
+type mizarUlFlow struct {
+	_         structs.HostLayout
+	Gen       uint64
+	Vni       uint32
+	Osrc      uint32
+	Isrc      uint32
+	Idst      uint32
+	Pick      uint32
+	FromRelay uint8
+	SelfRelay uint8
+	Valid     uint8
+	Pad       uint8
+	R         struct {
+		_       structs.HostLayout
+		Next    mizarHop
+		DstMac  [6]uint8
+		HasMac  uint8
+		Pad     uint8
+		Kind    uint32
+		Via     uint32
+		Ifindex uint32
+	}
+}
+
 type mizarUnderlayCounter uint32
 
 const (
@@ -157,12 +181,14 @@ type mizarVpc struct {
 const (
 	mizarMapDroplets       = "droplets"
 	mizarMapEndpoints      = "endpoints"
+	mizarMapGeneration     = "generation"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
 	mizarMapRelays         = "relays"
 	mizarMapSubnets        = "subnets"
+	mizarMapUlFlows        = "ul_flows"
 	mizarMapUnderlayStats  = "underlay_stats"
 	mizarMapVpcs           = "vpcs"
 	mizarProgMizarPod      = "mizar_pod"
@@ -222,12 +248,14 @@ type mizarProgramSpecs struct {
 type mizarMapSpecs struct {
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Generation    *ebpf.MapSpec `ebpf:"generation"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
+	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.MapSpec `ebpf:"vpcs"`
 }
@@ -261,12 +289,14 @@ func (o *mizarObjects) Close() error {
 type mizarMaps struct {
 	Droplets      *ebpf.Map `ebpf:"droplets"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Generation    *ebpf.Map `ebpf:"generation"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
 	Relays        *ebpf.Map `ebpf:"relays"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
+	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.Map `ebpf:"vpcs"`
 }
@@ -275,12 +305,14 @@ func (m *mizarMaps) Close() error {
 	return _MizarClose(
 		m.Droplets,
 		m.Endpoints,
+		m.Generation,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,
 		m.PodStats,
 		m.Relays,
 		m.Subnets,
+		m.UlFlows,
 		m.UnderlayStats,
 		m.Vpcs,
 	)
