@@ -106,10 +106,10 @@ int mizar_underlay(struct xdp_md *ctx)
 	 * address is about to decide trust: it must be the one sent. */
 	if (!ipv4_csum_ok(iph))
 		return ul_drop(UL_DROP_IP_CHECKSUM);
-	struct droplet_key dk;
+	/* Caches below are valid while the agent changes nothing. */
+	__u64 gen = current_generation();
 
-	store_u32(dk.ip, iph->saddr);
-	if (!bpf_map_lookup_elem(&droplets, &dk))
+	if (!known_droplet(iph->saddr, gen))
 		return ul_drop(UL_DROP_NOT_DROPLET);
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
@@ -157,7 +157,6 @@ int mizar_underlay(struct xdp_md *ctx)
 	int from_relay = 0, self_relay = 0;
 	struct route r;
 	/* The flow's earlier decision, if the agent changed nothing since. */
-	__u64 gen = current_generation();
 	__u32 slot = pick & (FLOW_SLOTS - 1);
 	struct ul_flow *fl = bpf_map_lookup_elem(&ul_flows, &slot);
 
@@ -572,8 +571,9 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 SEC("tc")
 int mizar_pod(struct __sk_buff *skb)
 {
-	__u32 ifindex = skb->ifindex;
-	struct pod_iface *cfg = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+	/* Caches below are valid while the agent changes nothing. */
+	__u64 gen = current_generation();
+	const struct pod_iface *cfg = pod_config(skb->ifindex, gen);
 
 	/* An interface the agent has not described yet sends nothing. */
 	if (!cfg)
@@ -644,7 +644,7 @@ int mizar_pod(struct __sk_buff *skb)
 	__u16 sport = flow_sport(hash);
 	struct route r;
 
-	route_lookup(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip());
+	route_lookup_cached(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip(), gen);
 	if (r.kind == RT_DROP)
 		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
 

@@ -75,6 +75,96 @@ struct {
 	__type(value, struct ul_flow);
 } ul_flows SEC(".maps");
 
+/* Per-CPU caches of the pod side and of the droplet check, like ul_flows. */
+struct rt_flow {
+	__u64 gen;
+	__u32 vni;
+	__u32 daddr;
+	__u32 pick;
+	__u32 valid;
+	struct route r;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rt_flow);
+} rt_flows SEC(".maps");
+
+#define IFACE_SLOTS 64
+
+struct pod_seen {
+	__u64 gen;
+	__u32 ifindex;
+	__u32 valid;
+	struct pod_iface cfg;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, IFACE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct pod_seen);
+} pods_seen SEC(".maps");
+
+#define DROPLET_SLOTS 64
+
+struct droplet_seen {
+	__u64 gen;
+	__u32 ip;
+	__u32 valid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROPLET_SLOTS);
+	__type(key, __u32);
+	__type(value, struct droplet_seen);
+} droplets_seen SEC(".maps");
+
+/* Whether ip (network order) is a droplet Geneve is accepted from. */
+static __always_inline int known_droplet(__u32 ip, __u64 gen)
+{
+	__u32 slot = (ip ^ (ip >> 16)) & (DROPLET_SLOTS - 1);
+	struct droplet_seen *s = bpf_map_lookup_elem(&droplets_seen, &slot);
+
+	if (s && s->valid && s->gen == gen && s->ip == ip)
+		return 1;
+
+	struct droplet_key dk __attribute__((aligned(4)));
+
+	store_u32(dk.ip, ip);
+	if (!bpf_map_lookup_elem(&droplets, &dk))
+		return 0;
+	if (s) {
+		s->gen = gen;
+		s->ip = ip;
+		s->valid = 1;
+	}
+	return 1;
+}
+
+/* The description of the pod behind host-side veth ifindex, or NULL. */
+static __always_inline const struct pod_iface *pod_config(__u32 ifindex, __u64 gen)
+{
+	__u32 slot = ifindex & (IFACE_SLOTS - 1);
+	struct pod_seen *s = bpf_map_lookup_elem(&pods_seen, &slot);
+
+	if (s && s->valid && s->gen == gen && s->ifindex == ifindex)
+		return &s->cfg;
+
+	const struct pod_iface *cfg = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+
+	if (!cfg || !s)
+		return cfg;
+	s->gen = gen;
+	s->ifindex = ifindex;
+	s->cfg = *cfg;
+	s->valid = 1;
+	return &s->cfg;
+}
+
 static __always_inline int hops_contain(const struct hop *hops, __u32 n, __u32 ip)
 {
 	for (__u32 i = 0; i < MAX_HOPS; i++) {
@@ -157,6 +247,29 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 		return;
 	}
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
+}
+
+/* route_lookup through rt_flows: routes (not drops) are kept until the
+ * generation changes. */
+static __always_inline void route_lookup_cached(struct route *r, __u32 vni, __u32 daddr, __u32 pick,
+						__u32 self, __u64 gen)
+{
+	__u32 slot = pick & (FLOW_SLOTS - 1);
+	struct rt_flow *s = bpf_map_lookup_elem(&rt_flows, &slot);
+
+	if (s && s->valid && s->gen == gen && s->vni == vni && s->daddr == daddr && s->pick == pick) {
+		*r = s->r;
+		return;
+	}
+	route_lookup(r, vni, daddr, pick, self);
+	if (!s || r->kind == RT_DROP)
+		return;
+	s->gen = gen;
+	s->vni = vni;
+	s->daddr = daddr;
+	s->pick = pick;
+	s->r = *r;
+	s->valid = 1;
 }
 
 static __always_inline int is_relay(__u32 vni, __u32 ip)

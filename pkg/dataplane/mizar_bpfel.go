@@ -18,6 +18,13 @@ type mizarDropletKey struct {
 	Ip [4]uint8
 }
 
+type mizarDropletSeen struct {
+	_     structs.HostLayout
+	Gen   uint64
+	Ip    uint32
+	Valid uint32
+}
+
 type mizarEndpoint struct {
 	_       structs.HostLayout
 	HostIp  [4]uint8
@@ -100,6 +107,33 @@ type mizarPodIface struct {
 	SubnetLen uint32
 }
 
+type mizarPodSeen struct {
+	_       structs.HostLayout
+	Gen     uint64
+	Ifindex uint32
+	Valid   uint32
+	Cfg     mizarPodIface
+}
+
+type mizarRtFlow struct {
+	_     structs.HostLayout
+	Gen   uint64
+	Vni   uint32
+	Daddr uint32
+	Pick  uint32
+	Valid uint32
+	R     struct {
+		_       structs.HostLayout
+		Next    mizarHop
+		DstMac  [6]uint8
+		HasMac  uint8
+		Pad     uint8
+		Kind    uint32
+		Via     uint32
+		Ifindex uint32
+	}
+}
+
 type mizarSubnet struct {
 	_         structs.HostLayout
 	Nbouncers uint32
@@ -180,13 +214,16 @@ type mizarVpc struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	mizarMapDroplets       = "droplets"
+	mizarMapDropletsSeen   = "droplets_seen"
 	mizarMapEndpoints      = "endpoints"
 	mizarMapGeneration     = "generation"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
+	mizarMapPodsSeen       = "pods_seen"
 	mizarMapRelays         = "relays"
+	mizarMapRtFlows        = "rt_flows"
 	mizarMapSubnets        = "subnets"
 	mizarMapUlFlows        = "ul_flows"
 	mizarMapUnderlayStats  = "underlay_stats"
@@ -247,13 +284,16 @@ type mizarProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
+	DropletsSeen  *ebpf.MapSpec `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
 	Generation    *ebpf.MapSpec `ebpf:"generation"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
+	PodsSeen      *ebpf.MapSpec `ebpf:"pods_seen"`
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
+	RtFlows       *ebpf.MapSpec `ebpf:"rt_flows"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
 	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
@@ -288,13 +328,16 @@ func (o *mizarObjects) Close() error {
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
 	Droplets      *ebpf.Map `ebpf:"droplets"`
+	DropletsSeen  *ebpf.Map `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
 	Generation    *ebpf.Map `ebpf:"generation"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
+	PodsSeen      *ebpf.Map `ebpf:"pods_seen"`
 	Relays        *ebpf.Map `ebpf:"relays"`
+	RtFlows       *ebpf.Map `ebpf:"rt_flows"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
 	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
@@ -304,13 +347,16 @@ type mizarMaps struct {
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
 		m.Droplets,
+		m.DropletsSeen,
 		m.Endpoints,
 		m.Generation,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,
 		m.PodStats,
+		m.PodsSeen,
 		m.Relays,
+		m.RtFlows,
 		m.Subnets,
 		m.UlFlows,
 		m.UnderlayStats,
