@@ -679,7 +679,11 @@ int mizar_pod(struct __sk_buff *skb)
 	/* The pod's MTU leaves room for Geneve; a pod that sends more anyway
 	 * learns the path MTU, unless it allows fragmenting, which is not done
 	 * here. GSO packets are segmented to their gso_size later. */
-	if (!skb->gso_size) {
+	if (!skb->gso_size && skb->len - ETH_HLEN + GENEVE_OVERHEAD + SRC_HOST_OPT_LEN <= host.mtu) {
+		/* Fits the MTU the agent sized the pods from, option included:
+		 * no need to ask the kernel. */
+		fits_opt = 1;
+	} else if (!skb->gso_size) {
 		__u32 mtu = 0;
 		__u16 frag_off = iph->frag_off;
 		int rc = bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0);

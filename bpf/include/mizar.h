@@ -128,6 +128,8 @@ struct host_config {
 	__u8 pad[2];
 	__u32 underlay_ifindex;
 	__u64 learn_ns; /* lifetime of a learned entry; 0 = never learn */
+	__u32 mtu;      /* underlay MTU the pods were sized from; 0 = unknown */
+	__u32 pad2;
 };
 
 /* Per-CPU counters of the underlay program; names are read from BTF by Go

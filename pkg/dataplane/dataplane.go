@@ -86,6 +86,10 @@ type Options struct {
 	// learning off: traffic the agent names no host for always goes
 	// through a relay.
 	LearnLifetime time.Duration
+	// UnderlayMTU is the underlay MTU the pods were sized from (PodMTU), if
+	// known: packets that fit it need no bpf_check_mtu call. 0 means ask the
+	// kernel for every packet that is not GSO.
+	UnderlayMTU int
 }
 
 // DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
@@ -130,6 +134,7 @@ func Load(opts Options) (*Datapath, error) {
 	host := mizarHostConfig{
 		Ip:              opts.HostIP.Unmap().As4(),
 		UnderlayIfindex: uint32(opts.UnderlayIfindex),
+		Mtu:             uint32(max(opts.UnderlayMTU, 0)),
 	}
 	switch {
 	case opts.LearnLifetime == 0:

@@ -53,6 +53,8 @@ type mizarHostConfig struct {
 	Pad             [2]uint8
 	UnderlayIfindex uint32
 	LearnNs         uint64
+	Mtu             uint32
+	Pad2            uint32
 }
 
 type mizarIntroKey struct {

@@ -90,7 +90,8 @@ var (
 func loadTest(tb testing.TB) *Datapath {
 	tb.Helper()
 	requireRoot(tb)
-	d, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC})
+	// Loopback's MTU is 64 KB: 1500 is a true lower bound of it.
+	d, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC, UnderlayMTU: 1500})
 	if err != nil {
 		tb.Fatal(err)
 	}
