@@ -186,8 +186,11 @@ int mizar_underlay(struct xdp_md *ctx)
 				fl->pick = pick;
 				fl->from_relay = from_relay;
 				fl->self_relay = self_relay;
+				fl->learned = 0;
 				fl->r = r;
 				fl->valid = 1;
+			} else {
+				fl = NULL; /* the slot is another flow's */
 			}
 		}
 	}
@@ -205,9 +208,19 @@ int mizar_underlay(struct xdp_md *ctx)
 		if (from_relay && opt && host.learn_ns) {
 			__u32 sender = load_u32(opt->host);
 
+			__u64 j = bpf_jiffies64();
+
+			/* This flow refreshed the entry a moment ago. */
+			if (fl && fl->learned == sender && j - fl->learned_j < learn_skip_jiffies())
+				sender = 0;
 			if (sender && sender != self) {
 				struct endpoint_key k = { .vni = vni };
 				__u64 now = bpf_ktime_get_coarse_ns();
+
+				if (fl) {
+					fl->learned = sender;
+					fl->learned_j = j;
+				}
 
 				store_u32(k.ip, iip->saddr);
 				struct learned_entry *cur = bpf_map_lookup_elem(&learned, &k);
@@ -644,7 +657,7 @@ int mizar_pod(struct __sk_buff *skb)
 	__u16 sport = flow_sport(hash);
 	struct route r;
 
-	route_lookup_cached(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip(), gen);
+	struct rt_flow *rf = route_lookup_cached(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip(), gen);
 	if (r.kind == RT_DROP)
 		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
 
@@ -706,9 +719,17 @@ int mizar_pod(struct __sk_buff *skb)
 	enum pod_counter done = POD_ENCAP;
 	int with_opt = 0;
 
-	if (r.via != VIA_ENDPOINT && host.learn_ns) {
-		__u64 now = 0;
-		__u32 peer = learned_host(cfg->vni, daddr, &now, 1);
+	__u64 j = bpf_jiffies64();
+
+	if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->peer && rf->saddr == saddr &&
+	    j < rf->direct_until) {
+		/* Decided below for an earlier packet of this flow. */
+		store_u32(r.next.ip, rf->peer);
+		__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+		done = POD_ENCAP_LEARNED;
+	} else if (r.via != VIA_ENDPOINT && host.learn_ns) {
+		__u64 now = 0, expires = 0;
+		__u32 peer = learned_host(cfg->vni, daddr, &now, 1, &expires);
 
 		with_opt = fits_opt;
 		if (peer) {
@@ -729,6 +750,18 @@ int mizar_pod(struct __sk_buff *skb)
 				__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
 				with_opt = 0;
 				done = POD_ENCAP_LEARNED;
+				/* Later packets of the flow skip the lookups until
+				 * half the lifetime or the entry's expiry, whichever
+				 * is first, counting jiffies long (JIFFY_MAX_NS). */
+				__u64 left = host.learn_ns / 2 - age;
+
+				if (expires - now < left)
+					left = expires - now;
+				if (rf && age < host.learn_ns / 2) {
+					rf->saddr = saddr;
+					rf->peer = peer;
+					rf->direct_until = j + left / JIFFY_MAX_NS;
+				}
 			} else if (fits_opt && age >= INTRODUCE_DELAY_NS) {
 				bpf_map_update_elem(&introduced, &ik, &now, BPF_ANY);
 				done = POD_INTRODUCE;

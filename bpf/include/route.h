@@ -59,8 +59,16 @@ struct ul_flow {
 	__u8 self_relay; /* this host is one */
 	__u8 valid;
 	__u8 pad;
+	__u32 learned;    /* the sender last learned for isrc from this flow */
+	__u64 learned_j;  /* when (jiffies) */
 	struct route r;
 };
+
+/* Jiffies of a tenth of a learned entry's lifetime, counting 10 ms a jiffy
+ * (HZ >= 100): never longer than that, whatever HZ is. bpf_jiffies64 is
+ * inlined, where a clock read is a helper call. */
+#define JIFFY_MAX_NS 10000000ULL
+#define learn_skip_jiffies() (host.learn_ns / 10 / JIFFY_MAX_NS)
 
 /* Per-CPU flow caches: what the hash lookups of a flow's first packet
  * decided, valid while the generation is unchanged. Array lookups are
@@ -83,6 +91,11 @@ struct rt_flow {
 	__u32 pick;
 	__u32 valid;
 	struct route r;
+	/* Learned path decided for the pod saddr: direct to peer until
+	 * direct_until (jiffies). */
+	__u32 saddr;
+	__u32 peer;
+	__u64 direct_until;
 };
 
 struct {
@@ -250,26 +263,28 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 }
 
 /* route_lookup through rt_flows: routes (not drops) are kept until the
- * generation changes. */
-static __always_inline void route_lookup_cached(struct route *r, __u32 vni, __u32 daddr, __u32 pick,
-						__u32 self, __u64 gen)
+ * generation changes. Returns the flow's slot, or NULL when it has none. */
+static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u32 vni, __u32 daddr,
+							   __u32 pick, __u32 self, __u64 gen)
 {
 	__u32 slot = pick & (FLOW_SLOTS - 1);
 	struct rt_flow *s = bpf_map_lookup_elem(&rt_flows, &slot);
 
 	if (s && s->valid && s->gen == gen && s->vni == vni && s->daddr == daddr && s->pick == pick) {
 		*r = s->r;
-		return;
+		return s;
 	}
 	route_lookup(r, vni, daddr, pick, self);
 	if (!s || r->kind == RT_DROP)
-		return;
+		return NULL;
 	s->gen = gen;
 	s->vni = vni;
 	s->daddr = daddr;
 	s->pick = pick;
 	s->r = *r;
+	s->peer = 0;
 	s->valid = 1;
+	return s;
 }
 
 static __always_inline int is_relay(__u32 vni, __u32 ip)
@@ -284,7 +299,8 @@ static __always_inline int is_relay(__u32 vni, __u32 ip)
  * The clock is read only on a hit (*now, for the caller to reuse): the
  * coarse one unless precise (the introduction delay is shorter than a tick;
  * a lifetime of seconds does not care about one). */
-static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const int precise)
+static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const int precise,
+					  __u64 *expires)
 {
 	struct endpoint_key k = { .vni = vni };
 
@@ -295,6 +311,8 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const
 	*now = precise ? bpf_ktime_get_ns() : bpf_ktime_get_coarse_ns();
 	if (*now >= ln->expires)
 		return 0;
+	if (expires)
+		*expires = ln->expires;
 	return load_u32(ln->host_ip);
 }
 
@@ -322,7 +340,7 @@ static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *r
 		return 0;
 	}
 	__u64 now;
-	__u32 h = learned_host(vni, isrc, &now, 0);
+	__u32 h = learned_host(vni, isrc, &now, 0, NULL);
 
 	if (!h)
 		return UL_DROP_SRC_UNKNOWN;

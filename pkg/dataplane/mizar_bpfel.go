@@ -134,6 +134,9 @@ type mizarRtFlow struct {
 		Via     uint32
 		Ifindex uint32
 	}
+	Saddr       uint32
+	Peer        uint32
+	DirectUntil uint64
 }
 
 type mizarSubnet struct {
@@ -161,6 +164,9 @@ type mizarUlFlow struct {
 	SelfRelay uint8
 	Valid     uint8
 	Pad       uint8
+	Learned   uint32
+	_         [4]byte
+	LearnedJ  uint64
 	R         struct {
 		_       structs.HostLayout
 		Next    mizarHop
