@@ -166,32 +166,33 @@ int mizar_underlay(struct xdp_md *ctx)
 		from_relay = fl->from_relay;
 		self_relay = fl->self_relay;
 	} else {
+		int learned_trust = 0;
+
 		route_lookup(&r, vni, iip->daddr, pick, self);
 		if (r.kind != RT_DROP) {
-			int learned_trust;
 			int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
 			if (refusal)
 				return ul_drop(refusal);
 			if (r.kind == RT_REMOTE)
 				self_relay = is_relay(vni, self);
-			/* Trust learned from a relay expires: checked per packet. */
-			if (fl && !learned_trust) {
-				fl->valid = 0;
-				fl->gen = gen;
-				fl->vni = vni;
-				fl->osrc = iph->saddr;
-				fl->isrc = iip->saddr;
-				fl->idst = iip->daddr;
-				fl->pick = pick;
-				fl->from_relay = from_relay;
-				fl->self_relay = self_relay;
-				fl->learned = 0;
-				fl->r = r;
-				fl->valid = 1;
-			} else {
-				fl = NULL; /* the slot is another flow's */
-			}
+		}
+		/* Drops are kept too (a flood of them is cheap); trust learned
+		 * from a relay expires, so is checked per packet. */
+		if (fl && !learned_trust) {
+			fl->gen = gen;
+			fl->vni = vni;
+			fl->osrc = iph->saddr;
+			fl->isrc = iip->saddr;
+			fl->idst = iip->daddr;
+			fl->pick = pick;
+			fl->from_relay = from_relay;
+			fl->self_relay = self_relay;
+			fl->learned = 0;
+			fl->r = r;
+			fl->valid = 1;
+		} else {
+			fl = NULL; /* the slot is another flow's */
 		}
 	}
 
@@ -233,8 +234,13 @@ int mizar_underlay(struct xdp_md *ctx)
 					struct learned_entry v = { .expires = now + host.learn_ns };
 
 					store_u32(v.host_ip, sender);
-					if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
+					if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY)) {
 						count_ul(UL_LEARN);
+						/* Pod sides that found no live host
+						 * for isrc look again. */
+						if (!cur || load_u32(cur->host_ip) != sender || cur->expires <= now)
+							bump_generation();
+					}
 				}
 			}
 		}
@@ -727,11 +733,16 @@ int mizar_pod(struct __sk_buff *skb)
 		store_u32(r.next.ip, rf->peer);
 		__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
 		done = POD_ENCAP_LEARNED;
+	} else if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->unlearned) {
+		/* Nothing learned about daddr when the flow looked (below). */
+		with_opt = fits_opt;
 	} else if (r.via != VIA_ENDPOINT && host.learn_ns) {
 		__u64 now = 0, expires = 0;
 		__u32 peer = learned_host(cfg->vni, daddr, &now, 1, &expires);
 
 		with_opt = fits_opt;
+		if (!peer && rf)
+			rf->unlearned = 1;
 		if (peer) {
 			struct intro_key ik = { .vni = cfg->vni };
 

@@ -111,6 +111,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } generation SEC(".maps");
 
+/* The programs' own map writes that a cache may have seen missing (a new
+ * learned host) bump it too. */
+static __always_inline void bump_generation(void)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&generation, &zero);
+
+	if (g)
+		__sync_fetch_and_add(g, 1);
+}
+
 static __always_inline __u64 current_generation(void)
 {
 	__u32 zero = 0;

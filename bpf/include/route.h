@@ -96,6 +96,8 @@ struct rt_flow {
 	__u32 saddr;
 	__u32 peer;
 	__u64 direct_until;
+	__u32 unlearned; /* no live learned host for daddr (a new one bumps gen) */
+	__u32 pad;
 };
 
 struct {
@@ -283,6 +285,7 @@ static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u3
 	s->pick = pick;
 	s->r = *r;
 	s->peer = 0;
+	s->unlearned = 0;
 	s->valid = 1;
 	return s;
 }

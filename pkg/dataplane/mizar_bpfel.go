@@ -137,6 +137,8 @@ type mizarRtFlow struct {
 	Saddr       uint32
 	Peer        uint32
 	DirectUntil uint64
+	Unlearned   uint32
+	Pad         uint32
 }
 
 type mizarSubnet struct {
