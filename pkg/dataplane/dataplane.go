@@ -13,6 +13,12 @@
 // their IP, untagged. Hops without a MAC are reached through the kernel FIB,
 // so droplets may sit on different L3 subnets.
 //
+// A flow's first packet is decided from the hash and LPM maps; the programs
+// keep that decision in small per-CPU caches (inlined array lookups, where a
+// hash lookup is a chain of calls costing as much as the rest of a path).
+// Every map write through this package bumps a generation that empties them
+// all at once, so a change takes effect from the next packet, as before.
+//
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
 // and the Attach methods again and traffic keeps flowing: maps are reused and
