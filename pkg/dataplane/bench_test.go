@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,8 @@ import (
 // with it. Each run is a separate syscall with Repeat 1 because the test
 // harness feeds a repeated run its own previous output (a forwarded frame
 // would come back as "not for us"), so every figure includes the harness
-// floor that the empty program shows. x-empty-hook is the ratio to the empty
+// floor that the empty program shows. Figures are means of the middle half
+// of the rounds (ns/op included). x-empty-hook is the ratio to the empty
 // program of the path's own hook (XDP or TC), the figure the goal is about;
 // interleaving the three programs round by round cancels the machine's drift.
 func BenchmarkPrograms(b *testing.B) {
@@ -100,29 +102,42 @@ func BenchmarkPrograms(b *testing.B) {
 			if ret, _ := run(b, c.prog, c.frame); ret != c.verdict {
 				b.Fatalf("verdict %s, want %s: not the path this case measures", verdictName(c.prog, ret), verdictName(c.prog, c.verdict))
 			}
-			var progT, xdpT, tcT time.Duration
-			var n int
+			var progT, xdpT, tcT []time.Duration
 			for b.Loop() {
-				progT += benchOnce(b, c.prog, c.frame)
-				xdpT += benchOnce(b, pass.MizarXdpPass, c.frame)
+				progT = append(progT, benchOnce(b, c.prog, c.frame))
+				xdpT = append(xdpT, benchOnce(b, pass.MizarXdpPass, c.frame))
 				if c.prog.Type() == ebpf.SchedCLS {
-					tcT += benchOnce(b, pass.MizarTcPass, c.frame)
+					tcT = append(tcT, benchOnce(b, pass.MizarTcPass, c.frame))
 				}
-				n++
 			}
-			per := float64(progT.Nanoseconds()) / float64(n)
-			emptyXDP := float64(xdpT.Nanoseconds()) / float64(n)
+			// Middle-half means: other load on a shared machine comes
+			// in spikes that a plain mean of the rounds still picks up.
+			per := midMean(progT)
+			emptyXDP := midMean(xdpT)
 			b.ReportMetric(per, "ns/op")
 			b.ReportMetric(emptyXDP, "empty-xdp-ns")
 			b.ReportMetric(per/emptyXDP, "x-empty-xdp")
 			hook := emptyXDP
-			if tcT > 0 {
-				hook = float64(tcT.Nanoseconds()) / float64(n)
+			if len(tcT) > 0 {
+				hook = midMean(tcT)
 				b.ReportMetric(hook, "empty-tc-ns")
 			}
 			b.ReportMetric(per/hook, "x-empty-hook")
 		})
 	}
+}
+
+// midMean is the mean of the middle half of ds in ns (ds is reordered): as
+// robust to spikes as a median, and finer than the kernel's timestamps,
+// which come in steps of about 10 ns here.
+func midMean(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	mid := ds[len(ds)/4 : len(ds)-len(ds)/4]
+	var sum time.Duration
+	for _, d := range mid {
+		sum += d
+	}
+	return float64(sum.Nanoseconds()) / float64(len(mid))
 }
 
 func benchOnce(b *testing.B, prog *ebpf.Program, frame []byte) time.Duration {
