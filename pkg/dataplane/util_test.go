@@ -333,10 +333,11 @@ func mix32(h uint32) uint32 {
 
 func flowHash(src, dst netip.Addr, ports uint32, proto uint8) uint32 {
 	s, d := src.As4(), dst.As4()
-	h := mix32(binary.BigEndian.Uint32(s[:]))
-	h = mix32(h ^ binary.BigEndian.Uint32(d[:]))
-	h = mix32(h ^ ports)
-	return mix32(h ^ uint32(proto))
+	h := binary.BigEndian.Uint32(s[:]) * 0x9e3779b1
+	h ^= binary.BigEndian.Uint32(d[:]) * 0x85ebca77
+	h ^= ports * 0xc2b2ae3d
+	h ^= uint32(proto) * 0x27d4eb2f
+	return mix32(h)
 }
 
 func flowSport(h uint32) uint16 { return 0xC000 | uint16(h&0x3FFF) }
