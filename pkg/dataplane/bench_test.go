@@ -148,10 +148,16 @@ func benchOnce(b *testing.B, prog *ebpf.Program, frame []byte) time.Duration {
 	return d
 }
 
-const iperfSeconds = 5
+// iperfRuns single-stream tests of iperfSeconds each, the best one counts:
+// on a shared machine other load only ever takes throughput away, so the
+// best of a few short runs is the closest to what the path itself allows.
+const (
+	iperfSeconds = 3
+	iperfRuns    = 3
+)
 
-// iperf runs a single-stream iperf3 TCP test from src to dst and returns
-// Gbit/s as dst received it.
+// iperf runs iperfRuns single-stream iperf3 TCP tests from src to dst and
+// returns the best Gbit/s as dst received it.
 func iperf(b *testing.B, src, dst *netNS, dstIP netip.Addr) float64 {
 	b.Helper()
 	dst.start(b, "iperf3", "-s", "-B", dstIP.String(), "-p", "5201")
@@ -171,23 +177,27 @@ func iperf(b *testing.B, src, dst *netNS, dstIP netip.Addr) float64 {
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), (iperfSeconds+15)*time.Second)
-	defer cancel()
-	out, err := src.exec(ctx, "iperf3", "-c", dstIP.String(), "-p", "5201", "-t", fmt.Sprint(iperfSeconds), "-J")
-	if err != nil {
-		b.Fatalf("iperf3: %v\n%s", err, out)
+	var best float64
+	for range iperfRuns {
+		ctx, cancel := context.WithTimeout(context.Background(), (iperfSeconds+15)*time.Second)
+		out, err := src.exec(ctx, "iperf3", "-c", dstIP.String(), "-p", "5201", "-t", fmt.Sprint(iperfSeconds), "-J")
+		cancel()
+		if err != nil {
+			b.Fatalf("iperf3: %v\n%s", err, out)
+		}
+		var res struct {
+			End struct {
+				SumReceived struct {
+					BitsPerSecond float64 `json:"bits_per_second"`
+				} `json:"sum_received"`
+			} `json:"end"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			b.Fatalf("iperf3 JSON: %v\n%s", err, out)
+		}
+		best = max(best, res.End.SumReceived.BitsPerSecond/1e9)
 	}
-	var res struct {
-		End struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
-		} `json:"end"`
-	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		b.Fatalf("iperf3 JSON: %v\n%s", err, out)
-	}
-	return res.End.SumReceived.BitsPerSecond / 1e9
+	return best
 }
 
 // tcpRR measures the mean round trip of 1-byte request/response exchanges
