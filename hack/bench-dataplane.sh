@@ -3,7 +3,9 @@
 # and builds network-namespace topologies, all removed afterwards):
 #   BenchmarkPrograms  ns per packet of every program path (BPF_PROG_TEST_RUN)
 #                      and its ratio to an empty program of its own hook
-#                      (x-empty-hook), interleaved round by round
+#                      (x-empty-hook), interleaved round by round; the pod's
+#                      encap paths also to bpf_skb_adjust_room + bpf_redirect
+#                      alone (x-encap-floor)
 #   BenchmarkLiveBouncer the bouncer in BPF_PROG_RUN live-frames mode (frames
 #                      really transmitted) vs an XDP_TX-only program
 #   BenchmarkPodHook   pod -> host TCP over one veth with no hook, tcx, native

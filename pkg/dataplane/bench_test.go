@@ -31,6 +31,8 @@ import (
 // floor that the empty program shows. Figures are means of the middle half
 // of the rounds (ns/op included). x-empty-hook is the ratio to the empty
 // program of the path's own hook (XDP or TC), the figure the goal is about;
+// the pod's encap paths are also reported against the least any tcx
+// encapsulation does (x-encap-floor: bpf_skb_adjust_room + bpf_redirect);
 // interleaving the three programs round by round cancels the machine's drift.
 func BenchmarkPrograms(b *testing.B) {
 	d := fixture(b)
@@ -102,12 +104,16 @@ func BenchmarkPrograms(b *testing.B) {
 			if ret, _ := run(b, c.prog, c.frame); ret != c.verdict {
 				b.Fatalf("verdict %s, want %s: not the path this case measures", verdictName(c.prog, ret), verdictName(c.prog, c.verdict))
 			}
-			var progT, xdpT, tcT []time.Duration
+			encap := strings.HasPrefix(c.name, "pod/encap")
+			var progT, xdpT, tcT, floorT []time.Duration
 			for b.Loop() {
 				progT = append(progT, benchOnce(b, c.prog, c.frame))
 				xdpT = append(xdpT, benchOnce(b, pass.MizarXdpPass, c.frame))
 				if c.prog.Type() == ebpf.SchedCLS {
 					tcT = append(tcT, benchOnce(b, pass.MizarTcPass, c.frame))
+				}
+				if encap {
+					floorT = append(floorT, benchOnce(b, pass.MizarTcEncapFloor, c.frame))
 				}
 			}
 			// Middle-half means: other load on a shared machine comes
@@ -123,6 +129,13 @@ func BenchmarkPrograms(b *testing.B) {
 				b.ReportMetric(hook, "empty-tc-ns")
 			}
 			b.ReportMetric(per/hook, "x-empty-hook")
+			if encap {
+				// bpf_skb_adjust_room and bpf_redirect alone: what
+				// any tcx encapsulation pays.
+				floor := midMean(floorT)
+				b.ReportMetric(floor, "encap-floor-ns")
+				b.ReportMetric(per/floor, "x-encap-floor")
+			}
 		})
 	}
 }
