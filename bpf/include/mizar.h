@@ -88,7 +88,7 @@ struct vpc {
  * from the Droplets in the API). The value is only a presence mark. */
 struct droplet_key {
 	__u8 ip[4];
-};
+} __attribute__((aligned(4))); /* word access (pkt.h); the layout is the same */
 
 /* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
  * the VPC, so it may forward packets of any endpoint of the VPC. Any other
