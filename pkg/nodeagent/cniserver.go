@@ -44,6 +44,9 @@ type PodDataplane interface {
 	DetachPod(hostIf string, ifindex int) error
 	// PodAttached reports whether hostIf has the pod-side program attached.
 	PodAttached(hostIf string) (bool, error)
+	// SetHostAddrs names the node's own addresses: pods reach them through
+	// the host stack, not the overlay.
+	SetHostAddrs(ips []netip.Addr) error
 }
 
 // AttachmentLabel marks the endpoints the CNI server created with their
@@ -59,6 +62,9 @@ type CNIOptions struct {
 	HostNetns string
 	// UnderlayMTU sizes the pods' interfaces (minus the Geneve overhead).
 	UnderlayMTU int
+	// HostIP is the node's underlay address: the source of what the host
+	// sends to its pods (kubelet probes).
+	HostIP netip.Addr
 	// StateDir keeps one file per attachment: what DEL, CHECK and GC undo or
 	// verify, written before anything is created.
 	StateDir string
@@ -83,8 +89,8 @@ type attachLock struct {
 
 // NewCNIServer checks the options and opens the host netns.
 func NewCNIServer(o CNIOptions) (*CNIServer, error) {
-	if o.Client == nil || o.Droplet == "" || o.Pods == nil || o.StateDir == "" {
-		return nil, errors.New("CNI server: a client, a droplet, a pod dataplane and a state directory are required")
+	if o.Client == nil || o.Droplet == "" || o.Pods == nil || o.StateDir == "" || !o.HostIP.Is4() {
+		return nil, errors.New("CNI server: a client, a droplet, a pod dataplane, a state directory and the host's IPv4 address are required")
 	}
 	if _, err := dataplane.PodMTU(o.UnderlayMTU); err != nil {
 		return nil, fmt.Errorf("CNI server: %w", err)
@@ -99,7 +105,15 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CNI server: host netns: %w", err)
 	}
-	h.Close()
+	defer h.Close()
+	// Read once: a node's addresses are set before its agent starts.
+	addrs, err := hostAddrs(h)
+	if err != nil {
+		return nil, fmt.Errorf("CNI server: %w", err)
+	}
+	if err := o.Pods.SetHostAddrs(addrs); err != nil {
+		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
+	}
 	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
 }
 
@@ -137,6 +151,10 @@ type attachment struct {
 	Endpoint    string `json:"endpoint"`
 	HostIf      string `json:"hostIf"`
 	HostIfindex int    `json:"hostIfindex,omitempty"`
+	// IP and PodMAC let another attachment of the same IP (another VPC)
+	// take over the host route when this one goes.
+	IP     string `json:"ip,omitempty"`
+	PodMAC string `json:"podMAC,omitempty"`
 }
 
 // attachmentID keys everything of one attachment: never the pod's name, which
@@ -167,6 +185,13 @@ func (s *CNIServer) lock(id string) func() {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// withIP runs f holding ip's lock: the host route to an IP that pods of two
+// VPCs share changes hands under it.
+func (s *CNIServer) withIP(ip netip.Addr, f func() error) error {
+	defer s.lock("ip/" + ip.String())()
+	return f()
 }
 
 func (s *CNIServer) statePath(id string) string { return filepath.Join(s.o.StateDir, id+".json") }
@@ -385,6 +410,10 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		return nil, cniErr(cni.CodeAPI, "mizar: the endpoint came back without a valid IP", err)
 	}
 	addr := netip.PrefixFrom(ip, prefix.Bits())
+	st.IP, st.PodMAC = ip.String(), podMAC.String()
+	if err := s.writeState(id, st); err != nil {
+		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
+	}
 
 	// Inside the pod: address, up, default route through the gateway, and the
 	// gateway's neighbour entry so the first packet needs no ARP round.
@@ -414,6 +443,9 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	}
 	if err := dataplane.EnableGROInNetns(r.Netns, r.IfName); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: enabling GRO on the pod's "+r.IfName, err)
+	}
+	if err := s.withIP(ip, func() error { return s.addHostRoute(host, st.HostIfindex, ip, podMAC) }); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: routing the host to the pod", err)
 	}
 
 	if err := s.waitProvisioned(ctx, ep); err != nil {
@@ -536,6 +568,12 @@ func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) err
 	if l, err := host.LinkByName(st.HostIf); err == nil {
 		if err := host.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", st.HostIf, err))
+		}
+	}
+	// The veth took its host route along; a pod of the same IP gets it.
+	if ip, err := netip.ParseAddr(st.IP); err == nil {
+		if err := s.withIP(ip, func() error { return s.handOverHostRoute(host, id, ip) }); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := s.deleteEndpoint(ctx, id, st); err != nil {

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -44,6 +45,9 @@ func (p *DatapathPods) DetachPod(hostIf string, ifindex int) error {
 	}
 	return nil
 }
+
+// SetHostAddrs implements PodDataplane.
+func (p *DatapathPods) SetHostAddrs(ips []netip.Addr) error { return p.DP.SetHostAddrs(ips) }
 
 // PodAttached implements PodDataplane.
 func (p *DatapathPods) PodAttached(hostIf string) (bool, error) {

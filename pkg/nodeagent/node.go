@@ -167,7 +167,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		return err
 	}
 	srv, err := NewCNIServer(CNIOptions{Client: client, Droplet: o.Droplet, Pods: rdp.Pods(), HostNetns: o.HostNetns,
-		UnderlayMTU: u.MTU, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
+		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
 	if err != nil {
 		return err
 	}
