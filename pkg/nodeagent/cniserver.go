@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
@@ -62,6 +63,10 @@ type CNIOptions struct {
 	HostNetns string
 	// UnderlayMTU sizes the pods' interfaces (minus the Geneve overhead).
 	UnderlayMTU int
+	// WorkloadPods reads pods from the workload cluster for their placement
+	// annotations (AnnotationVPC, AnnotationSubnet); nil: the conflist
+	// alone places pods.
+	WorkloadPods corev1client.PodsGetter
 	// HostIP is the node's underlay address: the source of what the host
 	// sends to its pods (kubelet probes).
 	HostIP netip.Addr
@@ -290,28 +295,19 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	epName, hostIf := names(id)
 
 	api := s.o.Client.NetworkingV1alpha1()
-	subnet, err := api.Subnets().Get(ctx, conf.Subnet, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q of network %q does not exist: create it or fix the conflist", conf.Subnet, conf.Name), nil)
+	placed, cerr := s.place(ctx, conf, namespace, pod)
+	if cerr != nil {
+		return nil, cerr
 	}
-	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: reading subnet "+conf.Subnet+" from mizar-apiserver failed", err)
-	}
-	if subnet.Spec.VPC != conf.VPC {
-		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q belongs to VPC %q, not %q as network %q says", conf.Subnet, subnet.Spec.VPC, conf.VPC, conf.Name), nil)
-	}
-	vpc, err := api.Vpcs().Get(ctx, conf.VPC, metav1.GetOptions{})
-	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: reading VPC "+conf.VPC+" from mizar-apiserver failed", err)
-	}
+	subnet, vpc := placed.subnetObj, placed.vpcObj
 	prefix, err := netip.ParsePrefix(subnet.Spec.CIDR)
 	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad cidr", err)
+		return nil, cniErr(cni.CodeAPI, "mizar: subnet "+subnet.Name+" has a bad cidr", err)
 	}
 	gw := prefix.Masked().Addr().Next()
 	if subnet.Spec.Gateway != "" {
 		if gw, err = netip.ParseAddr(subnet.Spec.Gateway); err != nil {
-			return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad gateway", err)
+			return nil, cniErr(cni.CodeAPI, "mizar: subnet "+subnet.Name+" has a bad gateway", err)
 		}
 	}
 	mtu, _ := dataplane.PodMTU(s.o.UnderlayMTU)
@@ -382,7 +378,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	go func() {
 		ep, err := api.Endpoints(namespace).Create(ctx, &v1alpha1.Endpoint{
 			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id}},
-			Spec:       v1alpha1.EndpointSpec{Subnet: conf.Subnet, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
+			Spec:       v1alpha1.EndpointSpec{Subnet: subnet.Name, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
 		}, metav1.CreateOptions{FieldManager: fieldManager})
 		cc <- created{ep, err}
 	}()
@@ -401,7 +397,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	ep, err := c.ep, c.err
 	if err != nil {
 		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "no free address") {
-			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", conf.Subnet, subnet.Spec.CIDR), err)
+			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", subnet.Name, subnet.Spec.CIDR), err)
 		}
 		return nil, cniErr(cni.CodeAPI, "mizar: creating endpoint "+namespace+"/"+epName+" failed", err)
 	}

@@ -101,7 +101,7 @@ type cniEnv struct {
 // droplet's API side (over a Recorder: the host/bouncer maps are not what is
 // tested here), and the CNI server on its socket; the plugin binary is built
 // and driven through libcni.
-func newCNIEnv(t testing.TB) *cniEnv {
+func newCNIEnv(t testing.TB, opts ...func(*CNIOptions)) *cniEnv {
 	requireRoot(t)
 	e := &cniEnv{t: t, sfx: suffix(t)}
 	dir := t.TempDir()
@@ -160,8 +160,12 @@ func newCNIEnv(t testing.TB) *cniEnv {
 	agentDone := make(chan error, 1)
 	go func() { agentDone <- agent.Run(ctx) }()
 
-	e.srv, err = NewCNIServer(CNIOptions{Client: e.client.Client, Droplet: droplet, Pods: &DatapathPods{DP: e.dp, HostNetns: e.node},
-		HostNetns: e.node, UnderlayMTU: 1500, HostIP: hostIP, StateDir: e.stateDir, ProvisionTimeout: 30 * time.Second})
+	co := CNIOptions{Client: e.client.Client, Droplet: droplet, Pods: &DatapathPods{DP: e.dp, HostNetns: e.node},
+		HostNetns: e.node, UnderlayMTU: 1500, HostIP: hostIP, StateDir: e.stateDir, ProvisionTimeout: 30 * time.Second}
+	for _, o := range opts {
+		o(&co)
+	}
+	e.srv, err = NewCNIServer(co)
 	if err != nil {
 		t.Fatal(err)
 	}
