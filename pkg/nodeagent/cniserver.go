@@ -35,16 +35,18 @@ import (
 )
 
 // PodDataplane is what the CNI server asks of the node's pod-side program.
-// Calls are made from any thread: the implementation enters the host netns
-// itself.
+// Calls are made from any thread, with a netlink handle in the host netns.
 type PodDataplane interface {
 	// AttachPod describes the pod behind the host-side veth hostIf and
 	// attaches the pod-side program to it.
-	AttachPod(hostIf string, p dataplane.PodInterface) error
+	AttachPod(host *netlink.Handle, hostIf string, p dataplane.PodInterface) error
+	// AdoptPod attaches the current program to a pod an earlier run
+	// attached (its description is kept in the pinned maps).
+	AdoptPod(host *netlink.Handle, hostIf string) error
 	// DetachPod undoes AttachPod; a missing attachment is not an error.
-	DetachPod(hostIf string, ifindex int) error
+	DetachPod(host *netlink.Handle, hostIf string, ifindex int) error
 	// PodAttached reports whether hostIf has the pod-side program attached.
-	PodAttached(hostIf string) (bool, error)
+	PodAttached(host *netlink.Handle, hostIf string) (bool, error)
 	// SetHostAddrs names the node's own addresses: pods reach them through
 	// the host stack, not the overlay.
 	SetHostAddrs(ips []netip.Addr) error
@@ -433,7 +435,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	if err := host.LinkSetUp(hl); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: bringing "+hostIf+" up", err)
 	}
-	if err := s.o.Pods.AttachPod(hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
+	if err := s.o.Pods.AttachPod(host, hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
 		Subnet: prefix.Masked(), GatewayIP: gw, GatewayMAC: hostMAC}); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: attaching the pod-side program to "+hostIf, err)
 	}
@@ -557,7 +559,7 @@ func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) err
 		ifindex = l.Attrs().Index
 	}
 	if ifindex > 0 {
-		if err := s.o.Pods.DetachPod(st.HostIf, ifindex); err != nil {
+		if err := s.o.Pods.DetachPod(host, st.HostIf, ifindex); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -643,7 +645,12 @@ func (s *CNIServer) check(ctx context.Context, r *cni.Request) *types.Error {
 	if ep.Status.Phase != v1alpha1.PhaseProvisioned {
 		return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s/%s is %q, not Provisioned: %s", ep.Namespace, ep.Name, ep.Status.Phase, conditions(ep)), nil)
 	}
-	if ok, err := s.o.Pods.PodAttached(st.HostIf); err != nil || !ok {
+	host, err := s.hostHandle()
+	if err != nil {
+		return cniErr(cni.CodeNetwork, "mizar-nodeagent: cannot reach the host netns", err)
+	}
+	defer host.Close()
+	if ok, err := s.o.Pods.PodAttached(host, st.HostIf); err != nil || !ok {
 		return cniErr(cni.CodeNetwork, "mizar: the pod-side program is not attached to "+st.HostIf, err)
 	}
 	podNS, err := netns.GetFromPath(r.Netns)
@@ -752,6 +759,36 @@ func randomMAC() net.HardwareAddr {
 
 func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// AdoptPods attaches the current pod program to every recorded attachment's
+// veth, replacing what an earlier run attached (programs of another version,
+// or maps it replaced): called at start.
+func (s *CNIServer) AdoptPods() error {
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return fmt.Errorf("read the attachment state: %w", err)
+	}
+	host, err := s.hostHandle()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	var errs []error
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		unlock := s.lock(id) // a DEL of it may be running already
+		if st, err := s.readState(id); err == nil && st.HostIfindex > 0 {
+			if _, err := host.LinkByName(st.HostIf); err == nil { // else its pod went while no agent ran
+				errs = append(errs, s.o.Pods.AdoptPod(host, st.HostIf))
+			}
+		}
+		unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // HostInterfaces lists the host-side veths of the attachments on record: the

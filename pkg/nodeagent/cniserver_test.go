@@ -226,7 +226,7 @@ func (e *cniEnv) nothingLeft(rt *libcni.RuntimeConf, podH *netlink.Handle) {
 	if _, err := podH.LinkByName(rt.IfName); err == nil {
 		e.t.Errorf("%s is left in the pod", rt.IfName)
 	}
-	if ok, err := e.srv.o.Pods.PodAttached(hostIf); ok || err != nil {
+	if ok, err := e.srv.o.Pods.PodAttached(e.nodeH, hostIf); ok || err != nil {
 		e.t.Errorf("pod program still pinned on %s (%v)", hostIf, err)
 	}
 	if _, err := os.Stat(e.srv.statePath(id)); !errors.Is(err, os.ErrNotExist) {
@@ -299,7 +299,7 @@ func TestCNIThroughLibcni(t *testing.T) {
 				t.Errorf("no default route via the gateway in the pod: %v", routes)
 			}
 			_, hostIf := names(attachmentID(rt.ContainerID, rt.IfName))
-			if ok, err := e.srv.o.Pods.PodAttached(hostIf); !ok || err != nil {
+			if ok, err := e.srv.o.Pods.PodAttached(e.nodeH, hostIf); !ok || err != nil {
 				t.Errorf("pod program not attached to %s (%v)", hostIf, err)
 			}
 			if ver != "0.3.1" {

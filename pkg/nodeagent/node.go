@@ -214,8 +214,14 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
 	}
-	// Pins of pods that vanished while no agent ran go; the attached pods'
-	// and the underlay's stay (they were updated in place above).
+	// The pods attached by an earlier run get this run's program (in place);
+	// pins of pods that vanished while no agent ran go.
+	if len(dp.ReplacedMaps()) > 0 {
+		klog.InfoS("Replaced pinned maps of another layout (an earlier mizar's)", "maps", dp.ReplacedMaps())
+	}
+	if err := srv.AdoptPods(); err != nil {
+		klog.ErrorS(err, "Attaching the pod program to some pods of an earlier run failed")
+	}
 	if ifs, err := srv.HostInterfaces(); err != nil {
 		klog.ErrorS(err, "Not collecting stale pins")
 	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name)) }); err != nil {
