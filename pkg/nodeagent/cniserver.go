@@ -32,6 +32,8 @@ import (
 	"mizar.dev/pkg/cni"
 	"mizar.dev/pkg/dataplane"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	informers "mizar.dev/pkg/generated/informers/externalversions"
+	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
 )
 
 // PodDataplane is what the CNI server asks of the node's pod-side program.
@@ -85,6 +87,11 @@ type CNIOptions struct {
 type CNIServer struct {
 	o CNIOptions
 
+	stop                      chan struct{}
+	subnets                   listers.SubnetLister
+	vpcs                      listers.VpcLister
+	subnetsSynced, vpcsSynced func() bool
+
 	mu    sync.Mutex
 	locks map[string]*attachLock
 }
@@ -121,11 +128,17 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err := o.Pods.SetHostAddrs(addrs); err != nil {
 		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
 	}
-	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
+	f := informers.NewSharedInformerFactory(o.Client, 10*time.Minute)
+	n := f.Networking().V1alpha1()
+	s := &CNIServer{o: o, locks: map[string]*attachLock{}, stop: make(chan struct{}),
+		subnets: n.Subnets().Lister(), vpcs: n.Vpcs().Lister(),
+		subnetsSynced: n.Subnets().Informer().HasSynced, vpcsSynced: n.Vpcs().Informer().HasSynced}
+	f.Start(s.stop)
+	return s, nil
 }
 
 // Close releases the server's resources.
-func (s *CNIServer) Close() {}
+func (s *CNIServer) Close() { close(s.stop) }
 
 // hostHandle opens a netlink handle in the host netns for one request: a
 // shared handle would serialise every ADD on its socket lock.
