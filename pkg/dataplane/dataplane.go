@@ -1,8 +1,10 @@
 // Package dataplane loads, attaches and programs mizar's eBPF fast path
 // (bpf/mizar.c): an XDP program on the node's underlay interface that
-// decapsulates Geneve for local pods and plays bouncer and divider, and a tcx
-// program on the host side of every pod's veth that answers ARP for the
-// gateway, delivers same-host traffic and encapsulates the rest in Geneve.
+// decapsulates Geneve for local pods and plays bouncer and divider, and a TC
+// program (a cls_bpf filter, see AttachPod) on the host side of every pod's
+// veth that answers ARP for the gateway, hands traffic to the node's own
+// addresses to the host stack (SetHostAddrs), delivers same-host traffic and
+// encapsulates the rest in Geneve.
 //
 // The underlay is not trusted: Geneve is accepted only from droplets
 // (UpsertDroplet) with a good outer IPv4 checksum, and delivered or relayed
@@ -21,12 +23,15 @@
 //
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
-// and the Attach methods again and traffic keeps flowing: maps are reused and
-// attached links are updated to the new programs atomically.
+// and the Attach methods again and traffic keeps flowing: maps are reused
+// (those of another layout, left by an earlier version, are replaced: see
+// ReplacedMaps) and attached links and pod filters are updated to the new
+// programs atomically.
 //
 // Interfaces are named and indexed in the network namespace of the calling
-// thread: the node agent calls Load, the Attach methods, Detach and GC from
-// the host netns. Map methods work from anywhere. A Datapath is safe for
+// thread (or of the netlink handle the *At methods take): the node agent
+// calls Load, the Attach methods, Detach and GC from the host netns. Map
+// methods work from anywhere. A Datapath is safe for
 // concurrent use.
 package dataplane
 
@@ -37,6 +42,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -113,6 +119,10 @@ type Datapath struct {
 	underlayNames []string
 	podNames      []string
 
+	// replaced names the pinned maps Load found with another layout and
+	// replaced by empty ones.
+	replaced []string
+
 	mu    sync.Mutex // serialises link pin changes
 	genMu sync.Mutex // serialises generation bumps (invalidate)
 }
@@ -161,9 +171,15 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, err
 	}
 
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: opts.PinRoot},
-	})
+	collOpts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinRoot}}
+	err = spec.LoadAndAssign(&d.objs, collOpts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Pins of an earlier mizar with another layout: replace what the
+		// agent rebuilds anyway, then load again.
+		if d.replaced, err = replaceIncompatiblePins(spec, opts.PinRoot); err == nil {
+			err = spec.LoadAndAssign(&d.objs, collOpts)
+		}
+	}
 	if err != nil {
 		var ve *ebpf.VerifierError
 		switch {
@@ -201,6 +217,52 @@ func (o *Options) validate() error {
 	}
 	return nil
 }
+
+// keptAcrossLayouts are the maps whose contents nothing rebuilds (the CNI
+// server writes a pod's entry once, at ADD): a pin of another layout is an
+// error, not replaced.
+var keptAcrossLayouts = map[string]bool{mizarMapPodIfaces: true}
+
+// replaceIncompatiblePins removes the pins under root whose map differs
+// from spec (an earlier mizar's layout), so the next load creates them
+// afresh. The agent refills them (endpoints, topology, host addresses from
+// the API; counters and learned paths start over). Programs still attached
+// keep their old maps until they are updated to the new programs.
+func replaceIncompatiblePins(spec *ebpf.CollectionSpec, root string) ([]string, error) {
+	var replaced []string
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(root, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return replaced, fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		incompatible := ms.Compatible(m)
+		_ = m.Close()
+		if incompatible == nil {
+			continue
+		}
+		if keptAcrossLayouts[name] {
+			return replaced, fmt.Errorf("load mizar maps: %s has another layout (left by another mizar version?) "+
+				"and its contents cannot be rebuilt; remove it with Purge (pods must be re-added): %w", path, incompatible)
+		}
+		if err := os.Remove(path); err != nil {
+			return replaced, fmt.Errorf("replace pinned map %s of another layout: %w", path, err)
+		}
+		replaced = append(replaced, name)
+	}
+	slices.Sort(replaced)
+	return replaced, nil
+}
+
+// ReplacedMaps names the pinned maps Load found with another layout (an
+// earlier mizar's) and replaced by empty ones; nil on a compatible restart.
+func (d *Datapath) ReplacedMaps() []string { return d.replaced }
 
 // PinRoot returns the directory holding this datapath's pins.
 func (d *Datapath) PinRoot() string { return d.opts.PinRoot }

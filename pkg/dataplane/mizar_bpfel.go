@@ -95,7 +95,8 @@ const (
 	mizarPodCounterPOD_DROP_REDIRECT      mizarPodCounter = 18
 	mizarPodCounterPOD_ENCAP_LEARNED      mizarPodCounter = 19
 	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
-	mizarPodCounterPOD_MAX                mizarPodCounter = 21
+	mizarPodCounterPOD_TO_HOST            mizarPodCounter = 21
+	mizarPodCounterPOD_MAX                mizarPodCounter = 22
 )
 
 type mizarPodIface struct {
@@ -227,6 +228,7 @@ const (
 	mizarMapDropletsSeen   = "droplets_seen"
 	mizarMapEndpoints      = "endpoints"
 	mizarMapGeneration     = "generation"
+	mizarMapHostAddrs      = "host_addrs"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
@@ -297,6 +299,7 @@ type mizarMapSpecs struct {
 	DropletsSeen  *ebpf.MapSpec `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
 	Generation    *ebpf.MapSpec `ebpf:"generation"`
+	HostAddrs     *ebpf.MapSpec `ebpf:"host_addrs"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
@@ -341,6 +344,7 @@ type mizarMaps struct {
 	DropletsSeen  *ebpf.Map `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
 	Generation    *ebpf.Map `ebpf:"generation"`
+	HostAddrs     *ebpf.Map `ebpf:"host_addrs"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
@@ -360,6 +364,7 @@ func (m *mizarMaps) Close() error {
 		m.DropletsSeen,
 		m.Endpoints,
 		m.Generation,
+		m.HostAddrs,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,
