@@ -17,7 +17,7 @@ import (
 )
 
 // dropletClient returns a client that authenticates as droplet name.
-func dropletClient(t *testing.T, dataDir, name string) versioned.Interface {
+func dropletClient(t testing.TB, dataDir, name string) versioned.Interface {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name+".kubeconfig")
 	if err := apiserver.IssueDropletKubeconfig(dataDir, name, path); err != nil {
