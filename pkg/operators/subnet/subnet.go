@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,12 +45,17 @@ const (
 
 // SubnetOperator is the one writer of a subnet's phase.
 type SubnetOperator struct {
-	client    versioned.Interface
-	subnets   listers.SubnetLister
-	vpcs      listers.VpcLister
-	bouncers  cache.SharedIndexInformer
-	endpoints cache.SharedIndexInformer
-	loop      *reconcile.Loop
+	client   versioned.Interface
+	subnets  listers.SubnetLister
+	vpcs     listers.VpcLister
+	bouncers cache.SharedIndexInformer
+	loop     *reconcile.Loop
+
+	// endpoints counts each subnet's endpoints, kept from the endpoint
+	// informer's events: a reconcile per endpoint create must not copy the
+	// subnet's every endpoint out of the index.
+	mu        sync.Mutex
+	endpoints map[string]map[string]bool // subnet -> endpoint keys
 }
 
 // New wires the operator to shared informers; call before the factory starts.
@@ -60,7 +66,7 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		subnets:   n.Subnets().Lister(),
 		vpcs:      n.Vpcs().Lister(),
 		bouncers:  n.Bouncers().Informer(),
-		endpoints: n.Endpoints().Informer(),
+		endpoints: map[string]map[string]bool{},
 	}
 	o.loop = reconcile.New("subnet-operator", o.Reconcile)
 	subnets := n.Subnets().Informer()
@@ -70,7 +76,6 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		fn   cache.IndexFunc
 	}{
 		{o.bouncers, reconcile.BySubnet, reconcile.BouncerBySubnet},
-		{o.endpoints, reconcile.BySubnet, reconcile.EndpointBySubnet},
 		{subnets, reconcile.ByVPC, reconcile.SubnetByVPC},
 	} {
 		if err := reconcile.AddIndex(ix.inf, ix.name, ix.fn); err != nil {
@@ -85,14 +90,15 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 	})); err != nil {
 		return nil, err
 	}
-	// Endpoints coming and going: address use, and a deleting subnet waits for them.
-	if _, err := o.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet) },
+	// Endpoints coming and going: address use, and a deleting subnet waits for
+	// them. An endpoint's subnet never changes, so adds and deletes are all.
+	if _, err := n.Endpoints().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.countEndpoint(obj, true) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet)
+			o.countEndpoint(obj, false)
 		},
 	}); err != nil {
 		return nil, err
@@ -107,6 +113,39 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		return nil, err
 	}
 	return o, nil
+}
+
+// countEndpoint records an endpoint added or deleted and queues its subnet.
+func (o *SubnetOperator) countEndpoint(obj any, added bool) {
+	ep := obj.(*v1alpha1.Endpoint)
+	key := ep.Namespace + "/" + ep.Name
+	o.mu.Lock()
+	eps := o.endpoints[ep.Spec.Subnet]
+	if added {
+		if eps == nil {
+			eps = map[string]bool{}
+			o.endpoints[ep.Spec.Subnet] = eps
+		}
+		eps[key] = true
+	} else {
+		delete(eps, key)
+		if len(eps) == 0 {
+			delete(o.endpoints, ep.Spec.Subnet)
+		}
+	}
+	o.mu.Unlock()
+	o.loop.Queue.Add(ep.Spec.Subnet)
+}
+
+// endpointsOf returns how many endpoints a subnet has and one of them.
+func (o *SubnetOperator) endpointsOf(subnet string) (n int, one string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.endpoints[subnet] {
+		one = k
+		break
+	}
+	return len(o.endpoints[subnet]), one
 }
 
 // Run reconciles until ctx ends.
@@ -142,7 +181,8 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 	}
 
 	// Address use: a full subnet refuses new endpoints, and says so here too.
-	if free, ok := freeAddresses(s, len(reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name))); ok {
+	used, _ := o.endpointsOf(s.Name)
+	if free, ok := freeAddresses(s, used); ok {
 		if free > 0 {
 			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, true, ReasonFree, "the subnet has free addresses")
 		} else {
@@ -241,9 +281,9 @@ func (o *SubnetOperator) drain(ctx context.Context, s *v1alpha1.Subnet, bouncers
 	}
 	st := s.Status.DeepCopy()
 	st.Phase = v1alpha1.PhaseTerminating
-	if eps := reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name); len(eps) > 0 {
+	if n, one := o.endpointsOf(s.Name); n > 0 {
 		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonEndpointsRemain,
-			fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s/%s", len(eps), eps[0].Namespace, eps[0].Name))
+			fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s", n, one))
 		return o.writeStatus(ctx, s, st)
 	}
 	if len(bouncers) > 0 {
