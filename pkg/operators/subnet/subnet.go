@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 
@@ -20,6 +19,7 @@ import (
 	"mizar.dev/pkg/generated/clientset/versioned"
 	informers "mizar.dev/pkg/generated/informers/externalversions"
 	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+	"mizar.dev/pkg/operators/owner"
 	"mizar.dev/pkg/operators/reconcile"
 )
 
@@ -50,6 +50,7 @@ type SubnetOperator struct {
 	vpcs     listers.VpcLister
 	bouncers cache.SharedIndexInformer
 	loop     *reconcile.Loop
+	kind     owner.Kind[*v1alpha1.Subnet, *v1alpha1.Bouncer]
 
 	// endpoints counts each subnet's endpoints, kept from the endpoint
 	// informer's events: a reconcile per endpoint create must not copy the
@@ -69,6 +70,27 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		endpoints: map[string]map[string]bool{},
 	}
 	o.loop = reconcile.New("subnet-operator", o.Reconcile)
+	o.kind = owner.Kind[*v1alpha1.Subnet, *v1alpha1.Bouncer]{
+		Client:    client.NetworkingV1alpha1().Subnets(),
+		DeepCopy:  (*v1alpha1.Subnet).DeepCopy,
+		Status:    func(s *v1alpha1.Subnet) *v1alpha1.ProvisioningStatus { return &s.Status.ProvisioningStatus },
+		Child:     "bouncer",
+		ChildName: BouncerName,
+		CreateChild: func(ctx context.Context, s *v1alpha1.Subnet, name string) error {
+			_, err := client.NetworkingV1alpha1().Bouncers().Create(ctx, &v1alpha1.Bouncer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: []metav1.OwnerReference{
+					*metav1.NewControllerRef(s, v1alpha1.SchemeGroupVersion.WithKind("Subnet"))}},
+				Spec: v1alpha1.BouncerSpec{Subnet: s.Name},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		DeleteChild: func(ctx context.Context, name string) error {
+			return client.NetworkingV1alpha1().Bouncers().Delete(ctx, name, metav1.DeleteOptions{})
+		},
+		ChildState: func(b *v1alpha1.Bouncer) (v1alpha1.Phase, []metav1.Condition, string) {
+			return b.Status.Phase, b.Status.Conditions, b.Spec.Droplet
+		},
+	}
 	subnets := n.Subnets().Informer()
 	for _, ix := range []struct {
 		inf  cache.SharedIndexInformer
@@ -167,12 +189,8 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 	if s.DeletionTimestamp != nil {
 		return o.drain(ctx, s, bouncers)
 	}
-	if !reconcile.HasFinalizer(s) {
-		s = s.DeepCopy()
-		s.Finalizers = append(s.Finalizers, reconcile.Finalizer)
-		if s, err = o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("adding the finalizer: %w", err)
-		}
+	if s, err = o.kind.EnsureFinalizer(ctx, s); err != nil {
+		return err
 	}
 	st := s.Status.DeepCopy()
 	st.ObservedGeneration = s.Generation
@@ -198,59 +216,23 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 		if st.Phase == v1alpha1.PhaseProvisioned && reason != ReasonVpcNotProvisioned {
 			st.Phase = v1alpha1.PhaseFailed
 		}
-		return o.writeStatus(ctx, s, st)
+		return o.kind.WriteStatus(ctx, s, &st.ProvisioningStatus)
 	}
 
 	want := max(s.Spec.Bouncers, 1)
-	have := map[string]*v1alpha1.Bouncer{}
-	for _, b := range bouncers {
-		have[b.Name] = b
-	}
-	for i := range want {
-		n := BouncerName(s.Name, i)
-		if have[n] != nil {
-			continue
-		}
-		b := &v1alpha1.Bouncer{
-			ObjectMeta: metav1.ObjectMeta{Name: n, OwnerReferences: []metav1.OwnerReference{
-				*metav1.NewControllerRef(s, v1alpha1.SchemeGroupVersion.WithKind("Subnet"))}},
-			Spec: v1alpha1.BouncerSpec{Subnet: s.Name},
-		}
-		if _, err := o.client.NetworkingV1alpha1().Bouncers().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating bouncer %s: %w", n, err)
-		}
-	}
-	for n := range have {
-		if !wanted(s.Name, n, want) {
-			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("deleting surplus bouncer %s: %w", n, err)
-			}
-		}
-	}
-
-	var ready int32
-	var waiting []string
-	for i := range want {
-		b := have[BouncerName(s.Name, i)]
-		switch {
-		case b == nil:
-			waiting = append(waiting, BouncerName(s.Name, i)+": just created")
-		case b.Status.Phase == v1alpha1.PhaseProvisioned:
-			ready++
-		default:
-			waiting = append(waiting, b.Name+": "+whyNot(b))
-		}
+	ready, waiting, err := o.kind.Scale(ctx, s, want, bouncers)
+	if err != nil {
+		return err
 	}
 	if ready == want {
 		st.Phase = v1alpha1.PhaseProvisioned
 		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, true, ReasonProvisioned,
 			fmt.Sprintf("%d of %d bouncers are Provisioned", ready, want))
 	} else {
-		sort.Strings(waiting)
 		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, false, ReasonWaiting,
 			fmt.Sprintf("%d of %d bouncers are Provisioned; waiting for %s", ready, want, strings.Join(waiting, "; ")))
 	}
-	return o.writeStatus(ctx, s, st)
+	return o.kind.WriteStatus(ctx, s, &st.ProvisioningStatus)
 }
 
 // vpcReady says whether the subnet's VPC exists, is Provisioned and still
@@ -276,47 +258,11 @@ func (o *SubnetOperator) vpcReady(s *v1alpha1.Subnet) (bool, string, string) {
 
 // drain runs the delete workflow: endpoints first, then the bouncers, then the subnet.
 func (o *SubnetOperator) drain(ctx context.Context, s *v1alpha1.Subnet, bouncers []*v1alpha1.Bouncer) error {
-	if !reconcile.HasFinalizer(s) {
-		return nil
-	}
-	st := s.Status.DeepCopy()
-	st.Phase = v1alpha1.PhaseTerminating
+	remain := ""
 	if n, one := o.endpointsOf(s.Name); n > 0 {
-		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonEndpointsRemain,
-			fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s", n, one))
-		return o.writeStatus(ctx, s, st)
+		remain = fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s", n, one)
 	}
-	if len(bouncers) > 0 {
-		for _, b := range bouncers {
-			if b.DeletionTimestamp != nil {
-				continue
-			}
-			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("draining bouncer %s: %w", b.Name, err)
-			}
-		}
-		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonDraining,
-			fmt.Sprintf("waiting for %d bouncer(s) to go", len(bouncers)))
-		return o.writeStatus(ctx, s, st)
-	}
-	s = s.DeepCopy()
-	s.Finalizers = reconcile.WithoutFinalizer(s)
-	if _, err := o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the finalizer: %w", err)
-	}
-	return nil
-}
-
-func (o *SubnetOperator) writeStatus(ctx context.Context, s *v1alpha1.Subnet, st *v1alpha1.SubnetStatus) error {
-	if reconcile.SameProvisioning(&s.Status.ProvisioningStatus, &st.ProvisioningStatus) {
-		return nil
-	}
-	s = s.DeepCopy()
-	s.Status = *st
-	if _, err := o.client.NetworkingV1alpha1().Subnets().UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("writing status: %w", err)
-	}
-	return nil
+	return o.kind.Drain(ctx, s, bouncers, ConditionDeleting, ReasonEndpointsRemain, remain, ReasonDraining)
 }
 
 func (o *SubnetOperator) ownBouncers(s *v1alpha1.Subnet) []*v1alpha1.Bouncer {
@@ -327,27 +273,6 @@ func (o *SubnetOperator) ownBouncers(s *v1alpha1.Subnet) []*v1alpha1.Bouncer {
 		}
 	}
 	return out
-}
-
-func wanted(subnet, bouncer string, want int32) bool {
-	for i := range want {
-		if BouncerName(subnet, i) == bouncer {
-			return true
-		}
-	}
-	return false
-}
-
-func whyNot(b *v1alpha1.Bouncer) string {
-	for _, c := range b.Status.Conditions {
-		if c.Status == metav1.ConditionFalse {
-			return c.Reason + ": " + c.Message
-		}
-	}
-	if b.Spec.Droplet == "" {
-		return "not placed yet"
-	}
-	return "not yet Provisioned by the agent of droplet " + b.Spec.Droplet
 }
 
 func phaseOf(p v1alpha1.Phase) string {
