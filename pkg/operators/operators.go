@@ -42,6 +42,9 @@ type Options struct {
 	// EndpointWorkers is the Endpoint operator's, which has one key per endpoint
 	// and as many endpoints in flight as CNI ADDs; default 16.
 	EndpointWorkers int
+	// ClientQPS and ClientBurst limit each operator's client; 0 keeps Config's.
+	ClientQPS   float32
+	ClientBurst int
 	// OnLeading, if set, is told when this replica starts and stops leading.
 	OnLeading func(leading bool)
 }
@@ -70,6 +73,9 @@ func runOperators(ctx context.Context, o Options) error {
 	clientFor := func(name string) (versioned.Interface, error) {
 		cfg := rest.CopyConfig(o.Config)
 		cfg.UserAgent = name
+		if o.ClientQPS > 0 {
+			cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
+		}
 		return versioned.NewForConfig(cfg)
 	}
 	reader, err := clientFor("mizar-operators")
