@@ -101,7 +101,7 @@ bench-apiserver:
 # Endpoint Init->Provisioned at 10/100/1000 in-process agents; sizes and endpoint
 # count via MIZAR_WF_BENCH_DROPLETS / MIZAR_WF_BENCH_ENDPOINTS.
 bench-workflow:
-	$(GO) test ./test/workflow -run '^$$' -bench . -benchtime 1x -timeout 30m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
+	$(GO) test ./test/workflow -run '^$$' -bench . -benchtime 1x -timeout 60m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
 
 # OSB provision answers under 50 concurrent platforms (in-process facade, and the
 # server's own listener with the loopback's old 50 QPS limit and with the broker's),

@@ -61,6 +61,10 @@ type Options struct {
 	ClaimOrphanGrace  time.Duration
 	// Operators runs the cluster-wide operators in this process (leader-elected).
 	Operators bool
+	// OperatorsClientQPS and OperatorsClientBurst limit each operator's requests
+	// to this server.
+	OperatorsClientQPS   float32
+	OperatorsClientBurst int
 	// Broker configures the service broker (--broker-*).
 	Broker BrokerOptions
 
@@ -175,6 +179,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Broker.AddFlags(fs)
 	fs.BoolVar(&o.Operators, "operators", o.Operators,
 		"Run the operators (VPC, Subnet, Endpoint, Divider, Bouncer, Droplet placement) in this process; replicas elect one leader through etcd.")
+	// The loopback client's own limit (50 QPS, burst 100) capped the Endpoint
+	// operator (two writes per endpoint) at 25 endpoints a second, whatever the
+	// cluster's size. The server's max-in-flight limits still protect it.
+	fs.Float32Var(&o.OperatorsClientQPS, "operators-client-qps", 1000, "Requests per second each operator may send to this server.")
+	fs.IntVar(&o.OperatorsClientBurst, "operators-client-burst", 2000, "Burst of --operators-client-qps.")
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -189,6 +198,9 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}()
 
+	if o.OperatorsClientQPS <= 0 || o.OperatorsClientBurst < 1 {
+		return fmt.Errorf("--operators-client-qps and --operators-client-burst must be positive, got %v and %d", o.OperatorsClientQPS, o.OperatorsClientBurst)
+	}
 	if err := o.Broker.Complete(); err != nil {
 		return err
 	}
@@ -260,6 +272,7 @@ func (o *Options) Run(ctx context.Context) error {
 	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}
 	if o.Operators {
 		serverCfg.Operators = client
+		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst
 	}
 	server, err := serverCfg.New()
 	if err != nil {

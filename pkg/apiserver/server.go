@@ -34,6 +34,10 @@ type Config struct {
 	// Operators, when set, runs mizar's operators (leader-elected through this
 	// etcd client) once the server serves.
 	Operators *clientv3.Client
+	// OperatorsClientQPS and OperatorsClientBurst limit each operator's client
+	// (client-go's defaults when 0).
+	OperatorsClientQPS   float32
+	OperatorsClientBurst int
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -109,7 +113,8 @@ func (c *Config) New() (*Server, error) {
 			s.operatorsStarted.Store(true)
 			go func() {
 				defer close(s.operatorsDone)
-				_ = operators.Run(hook, operators.Options{Config: hook.LoopbackClientConfig, Etcd: etcd})
+				_ = operators.Run(hook, operators.Options{Config: hook.LoopbackClientConfig, Etcd: etcd,
+					ClientQPS: c.OperatorsClientQPS, ClientBurst: c.OperatorsClientBurst})
 			}()
 			return nil
 		})

@@ -3,7 +3,8 @@
 // endpoints it hosts, endpoints of the subnets it bounces for, subnets of the
 // VPCs it divides for), drives a Dataplane with them, and publishes what it has
 // applied: Provisioned for its droplet, dividers and bouncers, and a watermark
-// (status.appliedResourceVersion) per endpoint stream, once per batch.
+// (status.appliedResourceVersion) per endpoint stream, written only when it
+// applied a version the Endpoint operator awaits and at most once per ack interval.
 package nodeagent
 
 import (
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,7 +33,14 @@ type Options struct {
 	Droplet *v1alpha1.Droplet
 	// Dataplane programs the node.
 	Dataplane Dataplane
+	// AckInterval is the least time between two watermark writes of one stream:
+	// what is applied meanwhile is acknowledged together. Default DefaultAckInterval.
+	AckInterval time.Duration
 }
+
+// DefaultAckInterval bounds an agent's watermark writes to 20 a second per
+// stream while adding at most that much to an endpoint's provisioning.
+const DefaultAckInterval = 50 * time.Millisecond
 
 // Agent is one droplet's node agent.
 type Agent struct {
@@ -39,6 +48,7 @@ type Agent struct {
 	name   string
 	spec   v1alpha1.DropletSpec
 	dp     Dataplane
+	ack    time.Duration
 
 	endpointEvents atomic.Int64
 	otherEvents    atomic.Int64
@@ -60,7 +70,13 @@ func New(o Options) (*Agent, error) {
 	if o.Client == nil || o.Droplet == nil || o.Dataplane == nil || o.Droplet.Name == "" {
 		return nil, errors.New("nodeagent: a client, a named droplet and a dataplane are required")
 	}
-	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, subs: map[string]*sub{}}, nil
+	if o.AckInterval < 0 {
+		return nil, fmt.Errorf("nodeagent: negative ack interval %v", o.AckInterval)
+	}
+	if o.AckInterval == 0 {
+		o.AckInterval = DefaultAckInterval
+	}
+	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, ack: o.AckInterval, subs: map[string]*sub{}}, nil
 }
 
 // EndpointEvents is how many endpoint watch events the agent has received.
@@ -92,7 +108,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		synced: func(ctx context.Context, rv string) error {
 			return a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"appliedResourceVersion": rv})
 		},
-		events: &a.endpointEvents,
+		awaited:     (*v1alpha1.Endpoint).AwaitsAcknowledgement,
+		ackInterval: a.ack,
+		events:      &a.endpointEvents,
 	}
 	bouncers := &stream[*v1alpha1.Bouncer]{
 		name: "bouncers on " + a.name, selector: onMe,
@@ -188,7 +206,9 @@ func (a *Agent) startBouncer(b *v1alpha1.Bouncer) error {
 			provisioned = true
 			return nil
 		},
-		events: &a.endpointEvents,
+		awaited:     (*v1alpha1.Endpoint).AwaitsAcknowledgement,
+		ackInterval: a.ack,
+		events:      &a.endpointEvents,
 	}
 	a.start("bouncer/"+name, b.UID, s.run)
 	return nil

@@ -48,6 +48,7 @@ type NodeOptions struct {
 	HealthAddr         string
 	HostNetns          string
 	ProvisionTimeout   time.Duration
+	AckInterval        time.Duration
 }
 
 // NewNodeOptions returns the defaults.
@@ -55,7 +56,7 @@ func NewNodeOptions() *NodeOptions {
 	host, _ := os.Hostname()
 	return &NodeOptions{Droplet: host, Node: host, PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
-		KubeAPIQPS: 200, KubeAPIBurst: 400}
+		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval}
 }
 
 // AddFlags registers the options.
@@ -78,6 +79,7 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address serving /healthz and /metrics (empty: off)")
 	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
+	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
 }
 
 // Underlay describes the host's underlay interface.
@@ -149,6 +151,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must be > 0", o.KubeAPIQPS, o.KubeAPIBurst)
 	}
+	if o.AckInterval <= 0 {
+		return fmt.Errorf("--ack-interval must be positive, got %v", o.AckInterval)
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
@@ -189,7 +194,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	defer dp.Close()
 	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns})
-	agent, err := New(Options{Client: client, Dataplane: rdp, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
+	agent, err := New(Options{Client: client, Dataplane: rdp, AckInterval: o.AckInterval, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
 		Spec: v1alpha1.DropletSpec{Node: o.Node, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}}})
 	if err != nil {
 		return err

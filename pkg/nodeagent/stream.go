@@ -19,9 +19,10 @@ import (
 // stream follows one slice of one kind (a field selector) and hands every change
 // to its handler in order. After a disconnect it resumes watching from the last
 // resourceVersion it saw; when that is too old (410 Gone) it lists again and
-// removes what disappeared meanwhile. After each batch of events (all that
-// arrived together) it reports the resourceVersion up to which it has applied
-// the slice, so acknowledgement costs one write per batch, not per object.
+// removes what disappeared meanwhile. It reports the resourceVersion up to which
+// it has applied the slice (synced) after every list, and after watch events
+// only when it applied one that somebody awaits, at most once per ackInterval:
+// a burst of events costs one write, and events nobody waits for cost none.
 type stream[T runtime.Object] struct {
 	name     string
 	selector string
@@ -31,11 +32,20 @@ type stream[T runtime.Object] struct {
 	// that is gone or being deleted.
 	set func(T) error
 	del func(key string) error
-	// synced is called after the initial list and after every batch with the
-	// resourceVersion up to which the slice is applied.
+	// synced is called with the resourceVersion up to which the slice is applied.
 	synced func(ctx context.Context, rv string) error
+	// awaited reports whether somebody waits for the acknowledgement of a
+	// version; nil: nobody, synced runs after lists only.
+	awaited func(T) bool
+	// ackInterval is the least time between two synced calls after watch events.
+	ackInterval time.Duration
 	// events counts watch events received, for the benchmarks.
 	events *atomic.Int64
+
+	// unacked: an awaited version was applied but not yet reported. Kept across
+	// reconnects, so a failed or interrupted report is made after resuming.
+	unacked bool
+	lastAck time.Time
 }
 
 // errRelist asks run to list again.
@@ -95,10 +105,21 @@ func (s *stream[T]) relist(ctx context.Context, known map[string]bool) (string, 
 	for k := range seen {
 		known[k] = true
 	}
-	if err := s.synced(ctx, rv); err != nil {
+	// Always reported: whatever anyone awaits up to rv is applied now.
+	if err := s.ack(ctx, rv); err != nil {
 		return "", err
 	}
 	return rv, nil
+}
+
+// ack reports rv as applied.
+func (s *stream[T]) ack(ctx context.Context, rv string) error {
+	if err := s.synced(ctx, rv); err != nil {
+		return err
+	}
+	s.unacked = false
+	s.lastAck = time.Now()
+	return nil
 }
 
 // follow watches from rv and returns the last resourceVersion applied when the
@@ -112,63 +133,70 @@ func (s *stream[T]) follow(ctx context.Context, rv string, known map[string]bool
 		return rv, fmt.Errorf("watching %s: %w", s.name, err)
 	}
 	defer w.Stop()
+	// The acknowledgement timer runs while something awaited is unreported. It
+	// fires at once after a quiet spell, so a lone event is acknowledged without
+	// delay; within a burst the events of one interval share one write.
+	var timer *time.Timer
+	var due <-chan time.Time
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	arm := func() {
+		if due != nil || !s.unacked {
+			return
+		}
+		timer = time.NewTimer(max(0, s.ackInterval-time.Since(s.lastAck)))
+		due = timer.C
+	}
+	arm()
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-ctx.Done():
 			return rv, nil
-		case ev, ok = <-w.ResultChan():
-		}
-		// A batch: this event and every one already waiting behind it.
-		applied := false
-		for {
-			if !ok {
-				if applied {
-					if err := s.synced(ctx, rv); err != nil {
-						return rv, err
-					}
-				}
-				return rv, nil // closed: resume from rv
-			}
-			s.events.Add(1)
-			if ev.Type == watch.Error {
-				err := apierrors.FromObject(ev.Object)
-				if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-					return rv, errRelist{err}
-				}
-				return rv, fmt.Errorf("watch of %s: %w", s.name, err)
-			}
-			obj, isT := ev.Object.(T)
-			if !isT {
-				return rv, fmt.Errorf("watch of %s: unexpected %T", s.name, ev.Object)
-			}
-			if ev.Type != watch.Bookmark {
-				key, err := s.apply(obj, ev.Type == watch.Deleted)
-				if err != nil {
-					return rv, err
-				}
-				if ev.Type == watch.Deleted {
-					delete(known, key)
-				} else {
-					known[key] = true
-				}
-				applied = true
-			}
-			m, _ := meta.Accessor(obj)
-			rv = m.GetResourceVersion()
-			select {
-			case ev, ok = <-w.ResultChan():
-				continue
-			default:
-			}
-			break
-		}
-		if applied {
-			if err := s.synced(ctx, rv); err != nil {
+		case <-due:
+			due = nil
+			if err := s.ack(ctx, rv); err != nil {
 				return rv, err
 			}
+			continue
+		case ev, ok = <-w.ResultChan():
 		}
+		if !ok {
+			return rv, nil // closed: resume from rv (and report what is unreported then)
+		}
+		s.events.Add(1)
+		if ev.Type == watch.Error {
+			err := apierrors.FromObject(ev.Object)
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				return rv, errRelist{err}
+			}
+			return rv, fmt.Errorf("watch of %s: %w", s.name, err)
+		}
+		obj, isT := ev.Object.(T)
+		if !isT {
+			return rv, fmt.Errorf("watch of %s: unexpected %T", s.name, ev.Object)
+		}
+		if ev.Type != watch.Bookmark {
+			key, err := s.apply(obj, ev.Type == watch.Deleted)
+			if err != nil {
+				return rv, err
+			}
+			if ev.Type == watch.Deleted {
+				delete(known, key)
+			} else {
+				known[key] = true
+			}
+			if s.awaited != nil && s.awaited(obj) {
+				s.unacked = true
+			}
+		}
+		m, _ := meta.Accessor(obj)
+		rv = m.GetResourceVersion()
+		arm()
 	}
 }
 

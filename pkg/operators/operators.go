@@ -39,6 +39,12 @@ type Options struct {
 	LeaseTTL int
 	// Workers per operator; default 4.
 	Workers int
+	// EndpointWorkers is the Endpoint operator's, which has one key per endpoint
+	// and as many endpoints in flight as CNI ADDs; default 16.
+	EndpointWorkers int
+	// ClientQPS and ClientBurst limit each operator's client; 0 keeps Config's.
+	ClientQPS   float32
+	ClientBurst int
 	// OnLeading, if set, is told when this replica starts and stops leading.
 	OnLeading func(leading bool)
 }
@@ -50,6 +56,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.Workers == 0 {
 		o.Workers = 4
+	}
+	if o.EndpointWorkers == 0 {
+		o.EndpointWorkers = 16
 	}
 	return leader.Run(ctx, leader.Options{
 		Etcd: o.Etcd, Key: ElectionKey, Name: "Operators",
@@ -64,6 +73,9 @@ func runOperators(ctx context.Context, o Options) error {
 	clientFor := func(name string) (versioned.Interface, error) {
 		cfg := rest.CopyConfig(o.Config)
 		cfg.UserAgent = name
+		if o.ClientQPS > 0 {
+			cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
+		}
 		return versioned.NewForConfig(cfg)
 	}
 	reader, err := clientFor("mizar-operators")
@@ -72,7 +84,11 @@ func runOperators(ctx context.Context, o Options) error {
 	}
 	factory := informers.NewSharedInformerFactory(reader, 10*time.Minute)
 	type runner interface{ Run(context.Context, int) }
-	var runners []runner
+	type running struct {
+		runner
+		workers int
+	}
+	var runners []running
 	for _, mk := range []struct {
 		name string
 		new  func(versioned.Interface, informers.SharedInformerFactory) (runner, error)
@@ -102,7 +118,11 @@ func runOperators(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", mk.name, err)
 		}
-		runners = append(runners, r)
+		workers := o.Workers
+		if mk.name == "mizar-endpoint-operator" {
+			workers = o.EndpointWorkers
+		}
+		runners = append(runners, running{r, workers})
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
@@ -113,7 +133,7 @@ func runOperators(ctx context.Context, o Options) error {
 	}
 	var wg sync.WaitGroup
 	for _, r := range runners {
-		wg.Go(func() { r.Run(ctx, o.Workers) })
+		wg.Go(func() { r.Run(ctx, r.workers) })
 	}
 	wg.Wait()
 	return nil

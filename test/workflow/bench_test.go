@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,33 +20,49 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/generated/clientset/versioned"
 )
 
 // BenchmarkEndpointProvisioning measures the endpoint workflow at scale: one
 // server with its operators and 10, 100 and 1000 in-process agents (the real
-// agent code over recording dataplanes). It reports the endpoint Init ->
-// Provisioned latency (p50, p99, from the create's return: the object is
-// stored), the create call's own p50 (allocation, not this workflow), and how many endpoint watch events an agent
-// that neither hosts nor bounces the endpoints receives per endpoint created.
+// agent code over recording dataplanes, each with its own droplet identity as
+// real agents have). It reports the endpoint Init -> Provisioned latency (p50,
+// p99, from the create's return: the object is stored), the create call's own
+// p50 (allocation, not this workflow), how many endpoint watch events an agent
+// that neither hosts nor bounces the endpoints receives per endpoint created,
+// the process's CPU time per endpoint (server, etcd, operators and every agent
+// share the process) and the server's write requests per endpoint.
 //
 //	MIZAR_WF_BENCH_DROPLETS=10,100,1000  droplet counts
 //	MIZAR_WF_BENCH_ENDPOINTS=300          endpoints created per size
+//	MIZAR_WF_BENCH_PROFILE=cpu.out        write a CPU profile of the creates (one file per size: cpu-<droplets>.out)
 func BenchmarkEndpointProvisioning(b *testing.B) {
 	sizes := envInts(b, "MIZAR_WF_BENCH_DROPLETS", []int{10, 100, 1000})
 	endpoints := envInts(b, "MIZAR_WF_BENCH_ENDPOINTS", []int{300})[0]
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("droplets=%d", n), func(b *testing.B) {
 			for range b.N {
-				p50, p99, uninvolved := provisionAtScale(b, n, endpoints)
-				b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
-				b.ReportMetric(uninvolved, "uninvolved-events/endpoint")
+				r := provisionAtScale(b, n, endpoints)
+				b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99-ms")
+				b.ReportMetric(float64(r.createP50.Microseconds())/1000, "create-p50-ms")
+				b.ReportMetric(r.uninvolved, "uninvolved-events/endpoint")
+				b.ReportMetric(float64(r.cpu.Microseconds())/1000/float64(endpoints), "cpu-ms/endpoint")
+				b.ReportMetric(r.writes/float64(endpoints), "writes/endpoint")
 			}
 		})
 	}
 }
 
-func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Duration, uninvolved float64) {
+// scaleResult is what one provisionAtScale run measured.
+type scaleResult struct {
+	p50, p99, createP50 time.Duration
+	uninvolved          float64
+	cpu                 time.Duration
+	writes              float64
+}
+
+func provisionAtScale(b *testing.B, droplets, endpoints int) scaleResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	srv := startServer(b)
@@ -51,7 +70,8 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Dura
 	p := uniq("bench")
 	agents := make([]*runningAgent, droplets)
 	for i := range droplets {
-		agents[i] = startAgent(b, srv.Client, fmt.Sprintf("%s-node%d", p, i), i)
+		name := fmt.Sprintf("%s-node%d", p, i)
+		agents[i] = startAgent(b, dropletClient(b, srv.DataDir, name), name, i)
 	}
 	// Retried: under the load of a thousand registering agents the create lock's
 	// etcd lease can lapse (the allocation rewrite replaces that lock).
@@ -157,6 +177,10 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Dura
 		}
 	}()
 	before := bystander.agent.EndpointEvents()
+	writesBefore := serverWrites(ctx, b, srv.Client)
+	cpuBefore := processCPU(b)
+	stopProfile := startProfile(b, droplets)
+	defer stopProfile()
 	b.ResetTimer()
 	// A steady stream of creates from a few CNI-like callers.
 	var wg sync.WaitGroup
@@ -192,11 +216,80 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) (p50, p99 time.Dura
 		b.Fatal("endpoints not all Provisioned in time")
 	}
 	b.StopTimer()
-	uninvolved = float64(bystander.agent.EndpointEvents()-before) / float64(endpoints)
+	stopProfile()
+	r := scaleResult{
+		uninvolved: float64(bystander.agent.EndpointEvents()-before) / float64(endpoints),
+		cpu:        processCPU(b) - cpuBefore,
+		writes:     serverWrites(ctx, b, srv.Client) - writesBefore,
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	b.ReportMetric(float64(percentile(creates, 0.5).Microseconds())/1000, "create-p50-ms")
-	return percentile(done, 0.5), percentile(done, 0.99), uninvolved
+	r.p50, r.p99, r.createP50 = percentile(done, 0.5), percentile(done, 0.99), percentile(creates, 0.5)
+	return r
+}
+
+// processCPU is the user and system CPU time the process has used so far.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverWrites is how many write requests (create, update, patch, delete) the
+// server has answered, from its own apiserver_request_total.
+func serverWrites(ctx context.Context, b *testing.B, c versioned.Interface) float64 {
+	body, err := c.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		b.Fatalf("reading the server's metrics: %v", err)
+	}
+	var n float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		if !slices.ContainsFunc([]string{"POST", "PUT", "PATCH", "DELETE"}, func(v string) bool {
+			return strings.Contains(line, `verb="`+v+`"`)
+		}) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			b.Fatalf("metrics line %q: %v", line, err)
+		}
+		n += v
+	}
+	if n == 0 {
+		b.Fatal("the server's metrics count no writes: apiserver_request_total missing?")
+	}
+	return n
+}
+
+// startProfile writes a CPU profile of the measured part when
+// MIZAR_WF_BENCH_PROFILE names a file; the returned func stops it.
+func startProfile(b *testing.B, droplets int) func() {
+	path := os.Getenv("MIZAR_WF_BENCH_PROFILE")
+	if path == "" {
+		return func() {}
+	}
+	ext := filepath.Ext(path)
+	path = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(path, ext), droplets, ext)
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	// Called once the creates are done, and deferred in case the run fails.
+	return sync.OnceFunc(func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+		b.Logf("CPU profile of %d droplets in %s", droplets, path)
+	})
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {

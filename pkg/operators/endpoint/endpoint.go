@@ -3,15 +3,17 @@
 // it Failed when its droplet goes, and holds its deletion until they have
 // removed it. Agents acknowledge with one watermark per watch stream (the
 // resourceVersion up to which they applied it, on their Droplet and Bouncer
-// status), so an endpoint costs no acknowledgement writes of its own; nothing polls.
+// status), written only for versions the operator awaits
+// (Endpoint.AwaitsAcknowledgement), so an endpoint costs no acknowledgement
+// writes of its own; nothing polls. A watermark moving re-queues only the
+// endpoints it covers (waiters).
 package endpoint
 
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strconv"
-	"sync"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,7 +36,6 @@ const (
 	ReasonSubnetMissing = "SubnetNotFound"
 	ReasonNoBouncer     = "NoProvisionedBouncer"
 
-	pendingBySubnet  = "pending.spec.subnet"
 	pendingByDroplet = "pending.spec.droplet"
 )
 
@@ -46,17 +47,10 @@ type EndpointOperator struct {
 	subnets   listers.SubnetLister
 	bouncers  cache.SharedIndexInformer
 	loop      *reconcile.Loop
-
-	// finalized remembers, per endpoint, the resourceVersion before and after the
-	// operator added its finalizer: agents need not acknowledge that change, so
-	// while the endpoint is unchanged since, the earlier version is the one to
-	// wait for. Lost on restart, which only makes the wait one round longer.
-	finalized sync.Map // key -> rvPair
+	waits     *waiters
 }
 
-type rvPair struct{ before, after string }
-
-// pending reports whether an endpoint still waits for acknowledgements.
+// pending reports whether an endpoint may still change phase.
 func pending(ep *v1alpha1.Endpoint) bool {
 	return ep.DeletionTimestamp != nil || ep.Status.Phase != v1alpha1.PhaseProvisioned
 }
@@ -70,28 +64,25 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		droplets:  n.Droplets().Lister(),
 		subnets:   n.Subnets().Lister(),
 		bouncers:  n.Bouncers().Informer(),
+		waits:     newWaiters(),
 	}
 	o.loop = reconcile.New("endpoint-operator", o.Reconcile)
-	// Only endpoints still waiting are indexed, so a watermark moving costs a
-	// lookup of those, not a scan of a subnet's every endpoint.
-	pendingIndex := func(field func(*v1alpha1.Endpoint) string) cache.IndexFunc {
-		return func(obj any) ([]string, error) {
-			ep := obj.(*v1alpha1.Endpoint)
-			if !pending(ep) {
-				return nil, nil
-			}
-			return []string{field(ep)}, nil
-		}
-	}
 	for _, ix := range []struct {
 		inf  cache.SharedIndexInformer
 		name string
 		fn   cache.IndexFunc
 	}{
-		{o.endpoints, pendingBySubnet, pendingIndex(func(ep *v1alpha1.Endpoint) string { return ep.Spec.Subnet })},
-		{o.endpoints, pendingByDroplet, pendingIndex(func(ep *v1alpha1.Endpoint) string { return ep.Spec.Droplet })},
+		// Only endpoints that may still change phase: a droplet appearing
+		// re-queues those that failed for want of it.
+		{o.endpoints, pendingByDroplet, func(obj any) ([]string, error) {
+			if ep := obj.(*v1alpha1.Endpoint); pending(ep) {
+				return []string{ep.Spec.Droplet}, nil
+			}
+			return nil, nil
+		}},
 		{o.endpoints, reconcile.ByDroplet, reconcile.EndpointByDroplet},
 		{o.bouncers, reconcile.BySubnet, reconcile.BouncerBySubnet},
+		{o.bouncers, reconcile.ByDroplet, reconcile.BouncerByDroplet},
 	} {
 		if err := reconcile.AddIndex(ix.inf, ix.name, ix.fn); err != nil {
 			return nil, err
@@ -100,46 +91,96 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 	if _, err := o.endpoints.AddEventHandler(o.loop.Handler()); err != nil {
 		return nil, err
 	}
-	keys := func(index, value string) []string {
-		var out []string
-		for _, ep := range reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, index, value) {
-			out = append(out, ep.Namespace+"/"+ep.Name)
-		}
-		return out
-	}
-	if _, err := o.bouncers.AddEventHandler(o.loop.MapHandler(func(obj any) []string {
-		return keys(pendingBySubnet, obj.(*v1alpha1.Bouncer).Spec.Subnet)
-	})); err != nil {
-		return nil, err
-	}
-	if _, err := n.Droplets().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			for _, k := range keys(pendingByDroplet, obj.(*v1alpha1.Droplet).Name) {
-				o.loop.Queue.Add(k)
+	if _, err := o.bouncers.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.bouncerChanged(obj.(*v1alpha1.Bouncer), false) },
+		UpdateFunc: func(old, obj any) {
+			was, b := old.(*v1alpha1.Bouncer), obj.(*v1alpha1.Bouncer)
+			if was.Spec == b.Spec && was.Status.Phase == b.Status.Phase && was.DeletionTimestamp.Equal(b.DeletionTimestamp) {
+				o.enqueue(o.waits.covered(bouncerAgent(b.Name), b.Status.AppliedResourceVersion))
+				return
 			}
-		},
-		UpdateFunc: func(_, obj any) {
-			d := obj.(*v1alpha1.Droplet)
-			index := pendingByDroplet
-			if d.DeletionTimestamp != nil {
-				index = reconcile.ByDroplet // every endpoint on it fails
-			}
-			for _, k := range keys(index, d.Name) {
-				o.loop.Queue.Add(k)
-			}
+			o.bouncerChanged(b, false)
 		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			for _, k := range keys(reconcile.ByDroplet, obj.(*v1alpha1.Droplet).Name) {
-				o.loop.Queue.Add(k)
+			o.bouncerChanged(obj.(*v1alpha1.Bouncer), true)
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := n.Droplets().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			d := obj.(*v1alpha1.Droplet)
+			o.enqueue(o.keys(pendingByDroplet, d.Name))
+			o.enqueue(o.waits.covered(dropletAgent(d.Name), d.Status.AppliedResourceVersion))
+		},
+		UpdateFunc: func(_, obj any) {
+			d := obj.(*v1alpha1.Droplet)
+			if d.DeletionTimestamp != nil {
+				o.dropletGoing(d.Name, false)
+				return
 			}
+			o.enqueue(o.waits.covered(dropletAgent(d.Name), d.Status.AppliedResourceVersion))
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			o.dropletGoing(obj.(*v1alpha1.Droplet).Name, true)
 		},
 	}); err != nil {
 		return nil, err
 	}
 	return o, nil
+}
+
+func (o *EndpointOperator) enqueue(keys []string) {
+	for _, k := range keys {
+		o.loop.Queue.Add(k)
+	}
+}
+
+// keys returns the keys of the endpoints under one index value.
+func (o *EndpointOperator) keys(index, value string) []string {
+	keys, err := o.endpoints.GetIndexer().IndexKeys(index, value)
+	if err != nil {
+		panic(fmt.Sprintf("index %s: %v", index, err)) // only an unknown index fails
+	}
+	return keys
+}
+
+// bouncerChanged re-queues whoever may wait for a bouncer that came, went,
+// moved or changed phase: who an endpoint waits for is decided again.
+func (o *EndpointOperator) bouncerChanged(b *v1alpha1.Bouncer, gone bool) {
+	o.enqueue(o.waits.changed(bouncerAgent(b.Name), gone))
+	o.enqueue(o.waits.subnetWaiters(b.Spec.Subnet))
+}
+
+// dropletGoing re-queues every endpoint on a droplet being deleted (they fail)
+// and whoever waits for a bouncer on it (a deleting endpoint no longer does).
+func (o *EndpointOperator) dropletGoing(name string, gone bool) {
+	o.enqueue(o.keys(reconcile.ByDroplet, name))
+	o.enqueue(o.waits.changed(dropletAgent(name), gone))
+	for _, b := range reconcile.ByIndex[*v1alpha1.Bouncer](o.bouncers, reconcile.ByDroplet, name) {
+		o.enqueue(o.waits.changed(bouncerAgent(b.Name), false))
+	}
+}
+
+// watermark is an agent's current watermark, from the informers' caches.
+func (o *EndpointOperator) watermark(agent string) string {
+	kind, name, _ := strings.Cut(agent, "/")
+	if kind == "droplet" {
+		if d, err := o.droplets.Get(name); err == nil {
+			return d.Status.AppliedResourceVersion
+		}
+		return ""
+	}
+	if obj, ok, err := o.bouncers.GetIndexer().GetByKey(name); err == nil && ok {
+		return obj.(*v1alpha1.Bouncer).Status.AppliedResourceVersion
+	}
+	return ""
 }
 
 // Run reconciles until ctx ends.
@@ -157,7 +198,7 @@ func Applied(watermark, rv string) bool {
 func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	obj, ok, err := o.endpoints.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
-		o.finalized.Delete(key)
+		o.waits.forget(key)
 		return err
 	}
 	ep := obj.(*v1alpha1.Endpoint)
@@ -170,14 +211,16 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 
 	if ep.DeletionTimestamp != nil {
 		if !reconcile.HasFinalizer(ep) {
+			o.waits.forget(key)
 			return nil
 		}
 		// The endpoint leaves its host and bouncers before it goes: the update that
 		// set deletionTimestamp is in their streams, so their watermarks pass it.
-		o.finalized.Delete(key)
-		if waiting := o.notApplied(ep, ep.ResourceVersion, droplet, hostGone, true); len(waiting) > 0 {
-			return nil // a watermark moving re-queues this endpoint
+		if w := o.notApplied(ep, droplet, hostGone, true); len(w.agents) > 0 {
+			o.await(key, ep, w)
+			return nil
 		}
+		o.waits.forget(key)
 		ep = ep.DeepCopy()
 		ep.Finalizers = reconcile.WithoutFinalizer(ep)
 		if _, err := c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -186,23 +229,21 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return nil
 	}
 	if !reconcile.HasFinalizer(ep) {
-		before := ep.ResourceVersion
+		// Agents acknowledge only versions with the finalizer (AwaitsAcknowledgement):
+		// the one this update makes is the first the operator waits for.
 		ep = ep.DeepCopy()
 		ep.Finalizers = append(ep.Finalizers, reconcile.Finalizer)
-		if ep, err = c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
+		if _, err = c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("adding the finalizer: %w", err)
 		}
-		o.finalized.Store(key, rvPair{before: before, after: ep.ResourceVersion})
-	}
-	need := ep.ResourceVersion
-	if p, ok := o.finalized.Load(key); ok && p.(rvPair).after == need {
-		need = p.(rvPair).before
+		return nil // its watch event queues the endpoint again
 	}
 
 	st := ep.Status.DeepCopy()
 	if st.Phase == "" {
 		st.Phase = v1alpha1.PhaseInit
 	}
+	waitFor := waiting{}
 	switch {
 	case hostGone:
 		st.Phase = v1alpha1.PhaseFailed
@@ -214,10 +255,11 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		if _, err := o.subnets.Get(ep.Spec.Subnet); err != nil {
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, ReasonSubnetMissing,
 				fmt.Sprintf("subnet %s does not exist: create it or delete this endpoint", ep.Spec.Subnet))
+			waitFor.forSubnet = true
 			break
 		}
-		waiting := o.notApplied(ep, need, droplet, false, false)
-		if len(waiting) == 0 {
+		waitFor = o.notApplied(ep, droplet, false, false)
+		if len(waitFor.agents) == 0 && !waitFor.forSubnet {
 			st.Phase = v1alpha1.PhaseProvisioned
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, true, ReasonApplied,
 				"applied by its host and every bouncer of its subnet")
@@ -225,7 +267,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 		// The message names no agent: a write whenever another one catches up
 		// would move the endpoint's resourceVersion past every watermark again.
-		if waiting[0] == noBouncer {
+		if waitFor.forSubnet {
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, ReasonNoBouncer,
 				fmt.Sprintf("subnet %s has no Provisioned bouncer yet", ep.Spec.Subnet))
 			break
@@ -238,12 +280,13 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 	}
 	if reconcile.SameProvisioning(&ep.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+		o.await(key, ep, waitFor)
 		return nil
 	}
+	// A status write makes a new version: its own watch event brings the
+	// endpoint back, and that Reconcile registers the wait for it.
+	o.waits.forget(key)
 	st.ObservedGeneration = ep.Generation
-	if st.Phase != v1alpha1.PhaseInit {
-		o.finalized.Delete(key)
-	}
 	ep = ep.DeepCopy()
 	ep.Status = *st
 	if _, err := c.UpdateStatus(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -252,14 +295,33 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	return nil
 }
 
-const noBouncer = "a Provisioned bouncer of the subnet"
+// waiting is what an endpoint's current version waits for: agents (droplet/x,
+// bouncer/y) whose watermarks do not cover it, and its subnet or the subnet's
+// first Provisioned bouncer.
+type waiting struct {
+	agents    []string
+	forSubnet bool
+}
 
-// notApplied lists who has not yet applied the endpoint's current version. On
+// await registers the wait, or re-queues the endpoint at once if the
+// watermarks moved meanwhile; a wait for nothing is forgotten.
+func (o *EndpointOperator) await(key string, ep *v1alpha1.Endpoint, w waiting) {
+	if len(w.agents) == 0 && !w.forSubnet {
+		o.waits.forget(key)
+		return
+	}
+	if o.waits.wait(key, ep.ResourceVersion, w.agents, ep.Spec.Subnet, w.forSubnet, o.watermark) {
+		o.loop.Queue.Add(key)
+	}
+}
+
+// notApplied says who has not yet applied the endpoint's current version. On
 // deletion, agents that are gone or never started cannot hold it back.
-func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, rv string, droplet *v1alpha1.Droplet, hostGone, deleting bool) []string {
-	var waiting []string
+func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.Droplet, hostGone, deleting bool) waiting {
+	var w waiting
+	rv := ep.ResourceVersion
 	if !hostGone && !Applied(droplet.Status.AppliedResourceVersion, rv) {
-		waiting = append(waiting, "the agent of droplet "+ep.Spec.Droplet)
+		w.agents = append(w.agents, dropletAgent(ep.Spec.Droplet))
 	}
 	live := 0
 	for _, b := range reconcile.ByIndex[*v1alpha1.Bouncer](o.bouncers, reconcile.BySubnet, ep.Spec.Subnet) {
@@ -275,12 +337,9 @@ func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, rv string, droplet 
 		}
 		live++
 		if !Applied(b.Status.AppliedResourceVersion, rv) {
-			waiting = append(waiting, "bouncer "+b.Name+" on droplet "+b.Spec.Droplet)
+			w.agents = append(w.agents, bouncerAgent(b.Name))
 		}
 	}
-	if live == 0 && !deleting {
-		waiting = append([]string{noBouncer}, waiting...)
-	}
-	sort.Strings(waiting[min(1, len(waiting)):])
-	return waiting
+	w.forSubnet = live == 0 && !deleting
+	return w
 }

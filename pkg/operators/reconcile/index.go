@@ -22,7 +22,6 @@ var (
 	SubnetByVPC       cache.IndexFunc = func(o any) ([]string, error) { return one(o.(*v1alpha1.Subnet).Spec.VPC) }
 	BouncerBySubnet   cache.IndexFunc = func(o any) ([]string, error) { return one(o.(*v1alpha1.Bouncer).Spec.Subnet) }
 	BouncerByDroplet  cache.IndexFunc = func(o any) ([]string, error) { return one(o.(*v1alpha1.Bouncer).Spec.Droplet) }
-	EndpointBySubnet  cache.IndexFunc = func(o any) ([]string, error) { return one(o.(*v1alpha1.Endpoint).Spec.Subnet) }
 	EndpointByDroplet cache.IndexFunc = func(o any) ([]string, error) {
 		return one(o.(*v1alpha1.Endpoint).Spec.Droplet)
 	}

@@ -173,7 +173,7 @@ func ByIndex[T any](inf cache.SharedIndexInformer, index, value string) []T {
 }
 
 // Finalizer holds an object until its operator has drained what depends on it.
-const Finalizer = "networking.mizar.dev/operator"
+const Finalizer = v1alpha1.OperatorFinalizer
 
 // HasFinalizer reports whether the object carries mizar's finalizer.
 func HasFinalizer(m metav1.Object) bool {

@@ -8,8 +8,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sort"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +19,7 @@ import (
 	"mizar.dev/pkg/generated/clientset/versioned"
 	informers "mizar.dev/pkg/generated/informers/externalversions"
 	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+	"mizar.dev/pkg/operators/owner"
 	"mizar.dev/pkg/operators/reconcile"
 )
 
@@ -44,12 +45,18 @@ const (
 
 // SubnetOperator is the one writer of a subnet's phase.
 type SubnetOperator struct {
-	client    versioned.Interface
-	subnets   listers.SubnetLister
-	vpcs      listers.VpcLister
-	bouncers  cache.SharedIndexInformer
-	endpoints cache.SharedIndexInformer
-	loop      *reconcile.Loop
+	client   versioned.Interface
+	subnets  listers.SubnetLister
+	vpcs     listers.VpcLister
+	bouncers cache.SharedIndexInformer
+	loop     *reconcile.Loop
+	kind     owner.Kind[*v1alpha1.Subnet, *v1alpha1.Bouncer]
+
+	// endpoints counts each subnet's endpoints, kept from the endpoint
+	// informer's events: a reconcile per endpoint create must not copy the
+	// subnet's every endpoint out of the index.
+	mu        sync.Mutex
+	endpoints map[string]map[string]bool // subnet -> endpoint keys
 }
 
 // New wires the operator to shared informers; call before the factory starts.
@@ -60,9 +67,30 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		subnets:   n.Subnets().Lister(),
 		vpcs:      n.Vpcs().Lister(),
 		bouncers:  n.Bouncers().Informer(),
-		endpoints: n.Endpoints().Informer(),
+		endpoints: map[string]map[string]bool{},
 	}
 	o.loop = reconcile.New("subnet-operator", o.Reconcile)
+	o.kind = owner.Kind[*v1alpha1.Subnet, *v1alpha1.Bouncer]{
+		Client:    client.NetworkingV1alpha1().Subnets(),
+		DeepCopy:  (*v1alpha1.Subnet).DeepCopy,
+		Status:    func(s *v1alpha1.Subnet) *v1alpha1.ProvisioningStatus { return &s.Status.ProvisioningStatus },
+		Child:     "bouncer",
+		ChildName: BouncerName,
+		CreateChild: func(ctx context.Context, s *v1alpha1.Subnet, name string) error {
+			_, err := client.NetworkingV1alpha1().Bouncers().Create(ctx, &v1alpha1.Bouncer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: []metav1.OwnerReference{
+					*metav1.NewControllerRef(s, v1alpha1.SchemeGroupVersion.WithKind("Subnet"))}},
+				Spec: v1alpha1.BouncerSpec{Subnet: s.Name},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		DeleteChild: func(ctx context.Context, name string) error {
+			return client.NetworkingV1alpha1().Bouncers().Delete(ctx, name, metav1.DeleteOptions{})
+		},
+		ChildState: func(b *v1alpha1.Bouncer) (v1alpha1.Phase, []metav1.Condition, string) {
+			return b.Status.Phase, b.Status.Conditions, b.Spec.Droplet
+		},
+	}
 	subnets := n.Subnets().Informer()
 	for _, ix := range []struct {
 		inf  cache.SharedIndexInformer
@@ -70,7 +98,6 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		fn   cache.IndexFunc
 	}{
 		{o.bouncers, reconcile.BySubnet, reconcile.BouncerBySubnet},
-		{o.endpoints, reconcile.BySubnet, reconcile.EndpointBySubnet},
 		{subnets, reconcile.ByVPC, reconcile.SubnetByVPC},
 	} {
 		if err := reconcile.AddIndex(ix.inf, ix.name, ix.fn); err != nil {
@@ -85,14 +112,15 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 	})); err != nil {
 		return nil, err
 	}
-	// Endpoints coming and going: address use, and a deleting subnet waits for them.
-	if _, err := o.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet) },
+	// Endpoints coming and going: address use, and a deleting subnet waits for
+	// them. An endpoint's subnet never changes, so adds and deletes are all.
+	if _, err := n.Endpoints().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.countEndpoint(obj, true) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			o.loop.Queue.Add(obj.(*v1alpha1.Endpoint).Spec.Subnet)
+			o.countEndpoint(obj, false)
 		},
 	}); err != nil {
 		return nil, err
@@ -107,6 +135,39 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Subnet
 		return nil, err
 	}
 	return o, nil
+}
+
+// countEndpoint records an endpoint added or deleted and queues its subnet.
+func (o *SubnetOperator) countEndpoint(obj any, added bool) {
+	ep := obj.(*v1alpha1.Endpoint)
+	key := ep.Namespace + "/" + ep.Name
+	o.mu.Lock()
+	eps := o.endpoints[ep.Spec.Subnet]
+	if added {
+		if eps == nil {
+			eps = map[string]bool{}
+			o.endpoints[ep.Spec.Subnet] = eps
+		}
+		eps[key] = true
+	} else {
+		delete(eps, key)
+		if len(eps) == 0 {
+			delete(o.endpoints, ep.Spec.Subnet)
+		}
+	}
+	o.mu.Unlock()
+	o.loop.Queue.Add(ep.Spec.Subnet)
+}
+
+// endpointsOf returns how many endpoints a subnet has and one of them.
+func (o *SubnetOperator) endpointsOf(subnet string) (n int, one string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.endpoints[subnet] {
+		one = k
+		break
+	}
+	return len(o.endpoints[subnet]), one
 }
 
 // Run reconciles until ctx ends.
@@ -128,12 +189,8 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 	if s.DeletionTimestamp != nil {
 		return o.drain(ctx, s, bouncers)
 	}
-	if !reconcile.HasFinalizer(s) {
-		s = s.DeepCopy()
-		s.Finalizers = append(s.Finalizers, reconcile.Finalizer)
-		if s, err = o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("adding the finalizer: %w", err)
-		}
+	if s, err = o.kind.EnsureFinalizer(ctx, s); err != nil {
+		return err
 	}
 	st := s.Status.DeepCopy()
 	st.ObservedGeneration = s.Generation
@@ -142,7 +199,8 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 	}
 
 	// Address use: a full subnet refuses new endpoints, and says so here too.
-	if free, ok := freeAddresses(s, len(reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name))); ok {
+	used, _ := o.endpointsOf(s.Name)
+	if free, ok := freeAddresses(s, used); ok {
 		if free > 0 {
 			reconcile.SetCondition(&st.Conditions, s.Generation, ConditionAddresses, true, ReasonFree, "the subnet has free addresses")
 		} else {
@@ -158,59 +216,23 @@ func (o *SubnetOperator) Reconcile(ctx context.Context, name string) error {
 		if st.Phase == v1alpha1.PhaseProvisioned && reason != ReasonVpcNotProvisioned {
 			st.Phase = v1alpha1.PhaseFailed
 		}
-		return o.writeStatus(ctx, s, st)
+		return o.kind.WriteStatus(ctx, s, &st.ProvisioningStatus)
 	}
 
 	want := max(s.Spec.Bouncers, 1)
-	have := map[string]*v1alpha1.Bouncer{}
-	for _, b := range bouncers {
-		have[b.Name] = b
-	}
-	for i := range want {
-		n := BouncerName(s.Name, i)
-		if have[n] != nil {
-			continue
-		}
-		b := &v1alpha1.Bouncer{
-			ObjectMeta: metav1.ObjectMeta{Name: n, OwnerReferences: []metav1.OwnerReference{
-				*metav1.NewControllerRef(s, v1alpha1.SchemeGroupVersion.WithKind("Subnet"))}},
-			Spec: v1alpha1.BouncerSpec{Subnet: s.Name},
-		}
-		if _, err := o.client.NetworkingV1alpha1().Bouncers().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating bouncer %s: %w", n, err)
-		}
-	}
-	for n := range have {
-		if !wanted(s.Name, n, want) {
-			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("deleting surplus bouncer %s: %w", n, err)
-			}
-		}
-	}
-
-	var ready int32
-	var waiting []string
-	for i := range want {
-		b := have[BouncerName(s.Name, i)]
-		switch {
-		case b == nil:
-			waiting = append(waiting, BouncerName(s.Name, i)+": just created")
-		case b.Status.Phase == v1alpha1.PhaseProvisioned:
-			ready++
-		default:
-			waiting = append(waiting, b.Name+": "+whyNot(b))
-		}
+	ready, waiting, err := o.kind.Scale(ctx, s, want, bouncers)
+	if err != nil {
+		return err
 	}
 	if ready == want {
 		st.Phase = v1alpha1.PhaseProvisioned
 		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, true, ReasonProvisioned,
 			fmt.Sprintf("%d of %d bouncers are Provisioned", ready, want))
 	} else {
-		sort.Strings(waiting)
 		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionBouncersReady, false, ReasonWaiting,
 			fmt.Sprintf("%d of %d bouncers are Provisioned; waiting for %s", ready, want, strings.Join(waiting, "; ")))
 	}
-	return o.writeStatus(ctx, s, st)
+	return o.kind.WriteStatus(ctx, s, &st.ProvisioningStatus)
 }
 
 // vpcReady says whether the subnet's VPC exists, is Provisioned and still
@@ -236,47 +258,11 @@ func (o *SubnetOperator) vpcReady(s *v1alpha1.Subnet) (bool, string, string) {
 
 // drain runs the delete workflow: endpoints first, then the bouncers, then the subnet.
 func (o *SubnetOperator) drain(ctx context.Context, s *v1alpha1.Subnet, bouncers []*v1alpha1.Bouncer) error {
-	if !reconcile.HasFinalizer(s) {
-		return nil
+	remain := ""
+	if n, one := o.endpointsOf(s.Name); n > 0 {
+		remain = fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s", n, one)
 	}
-	st := s.Status.DeepCopy()
-	st.Phase = v1alpha1.PhaseTerminating
-	if eps := reconcile.ByIndex[*v1alpha1.Endpoint](o.endpoints, reconcile.BySubnet, s.Name); len(eps) > 0 {
-		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonEndpointsRemain,
-			fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s/%s", len(eps), eps[0].Namespace, eps[0].Name))
-		return o.writeStatus(ctx, s, st)
-	}
-	if len(bouncers) > 0 {
-		for _, b := range bouncers {
-			if b.DeletionTimestamp != nil {
-				continue
-			}
-			if err := o.client.NetworkingV1alpha1().Bouncers().Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("draining bouncer %s: %w", b.Name, err)
-			}
-		}
-		reconcile.SetCondition(&st.Conditions, s.Generation, ConditionDeleting, true, ReasonDraining,
-			fmt.Sprintf("waiting for %d bouncer(s) to go", len(bouncers)))
-		return o.writeStatus(ctx, s, st)
-	}
-	s = s.DeepCopy()
-	s.Finalizers = reconcile.WithoutFinalizer(s)
-	if _, err := o.client.NetworkingV1alpha1().Subnets().Update(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the finalizer: %w", err)
-	}
-	return nil
-}
-
-func (o *SubnetOperator) writeStatus(ctx context.Context, s *v1alpha1.Subnet, st *v1alpha1.SubnetStatus) error {
-	if reconcile.SameProvisioning(&s.Status.ProvisioningStatus, &st.ProvisioningStatus) {
-		return nil
-	}
-	s = s.DeepCopy()
-	s.Status = *st
-	if _, err := o.client.NetworkingV1alpha1().Subnets().UpdateStatus(ctx, s, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("writing status: %w", err)
-	}
-	return nil
+	return o.kind.Drain(ctx, s, bouncers, ConditionDeleting, ReasonEndpointsRemain, remain, ReasonDraining)
 }
 
 func (o *SubnetOperator) ownBouncers(s *v1alpha1.Subnet) []*v1alpha1.Bouncer {
@@ -287,27 +273,6 @@ func (o *SubnetOperator) ownBouncers(s *v1alpha1.Subnet) []*v1alpha1.Bouncer {
 		}
 	}
 	return out
-}
-
-func wanted(subnet, bouncer string, want int32) bool {
-	for i := range want {
-		if BouncerName(subnet, i) == bouncer {
-			return true
-		}
-	}
-	return false
-}
-
-func whyNot(b *v1alpha1.Bouncer) string {
-	for _, c := range b.Status.Conditions {
-		if c.Status == metav1.ConditionFalse {
-			return c.Reason + ": " + c.Message
-		}
-	}
-	if b.Spec.Droplet == "" {
-		return "not placed yet"
-	}
-	return "not yet Provisioned by the agent of droplet " + b.Spec.Droplet
 }
 
 func phaseOf(p v1alpha1.Phase) string {

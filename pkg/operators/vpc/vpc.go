@@ -17,6 +17,7 @@ import (
 	"mizar.dev/pkg/generated/clientset/versioned"
 	informers "mizar.dev/pkg/generated/informers/externalversions"
 	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+	"mizar.dev/pkg/operators/owner"
 	"mizar.dev/pkg/operators/reconcile"
 )
 
@@ -37,6 +38,7 @@ type VPCOperator struct {
 	dividers cache.SharedIndexInformer
 	subnets  cache.SharedIndexInformer
 	loop     *reconcile.Loop
+	kind     owner.Kind[*v1alpha1.Vpc, *v1alpha1.Divider]
 }
 
 // New wires the operator to shared informers; call before the factory starts.
@@ -49,6 +51,27 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*VPCOpe
 		subnets:  n.Subnets().Informer(),
 	}
 	o.loop = reconcile.New("vpc-operator", o.Reconcile)
+	o.kind = owner.Kind[*v1alpha1.Vpc, *v1alpha1.Divider]{
+		Client:    client.NetworkingV1alpha1().Vpcs(),
+		DeepCopy:  (*v1alpha1.Vpc).DeepCopy,
+		Status:    func(v *v1alpha1.Vpc) *v1alpha1.ProvisioningStatus { return &v.Status.ProvisioningStatus },
+		Child:     "divider",
+		ChildName: DividerName,
+		CreateChild: func(ctx context.Context, vpc *v1alpha1.Vpc, name string) error {
+			_, err := client.NetworkingV1alpha1().Dividers().Create(ctx, &v1alpha1.Divider{
+				ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: []metav1.OwnerReference{
+					*metav1.NewControllerRef(vpc, v1alpha1.SchemeGroupVersion.WithKind("Vpc"))}},
+				Spec: v1alpha1.DividerSpec{VPC: vpc.Name},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		DeleteChild: func(ctx context.Context, name string) error {
+			return client.NetworkingV1alpha1().Dividers().Delete(ctx, name, metav1.DeleteOptions{})
+		},
+		ChildState: func(d *v1alpha1.Divider) (v1alpha1.Phase, []metav1.Condition, string) {
+			return d.Status.Phase, d.Status.Conditions, d.Spec.Droplet
+		},
+	}
 	if err := reconcile.AddIndex(o.dividers, reconcile.ByVPC, reconcile.DividerByVPC); err != nil {
 		return nil, err
 	}
@@ -90,56 +113,13 @@ func (o *VPCOperator) Reconcile(ctx context.Context, name string) error {
 	if vpc.DeletionTimestamp != nil {
 		return o.drain(ctx, vpc, dividers)
 	}
-	if !reconcile.HasFinalizer(vpc) {
-		vpc = vpc.DeepCopy()
-		vpc.Finalizers = append(vpc.Finalizers, reconcile.Finalizer)
-		if vpc, err = o.client.NetworkingV1alpha1().Vpcs().Update(ctx, vpc, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("adding the finalizer: %w", err)
-		}
+	if vpc, err = o.kind.EnsureFinalizer(ctx, vpc); err != nil {
+		return err
 	}
-
-	want := vpc.Spec.Dividers
-	if want < 1 {
-		want = 1
-	}
-	have := map[string]*v1alpha1.Divider{}
-	for _, d := range dividers {
-		have[d.Name] = d
-	}
-	for i := range want {
-		n := DividerName(vpc.Name, i)
-		if have[n] != nil {
-			continue
-		}
-		d := &v1alpha1.Divider{
-			ObjectMeta: metav1.ObjectMeta{Name: n, OwnerReferences: []metav1.OwnerReference{owner(vpc)}},
-			Spec:       v1alpha1.DividerSpec{VPC: vpc.Name},
-		}
-		if _, err := o.client.NetworkingV1alpha1().Dividers().Create(ctx, d, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating divider %s: %w", n, err)
-		}
-	}
-	// Scale in: dividers beyond the count go.
-	for n := range have {
-		if !isWanted(vpc.Name, n, want) {
-			if err := o.client.NetworkingV1alpha1().Dividers().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("deleting surplus divider %s: %w", n, err)
-			}
-		}
-	}
-
-	var ready int32
-	var waiting []string
-	for i := range want {
-		d := have[DividerName(vpc.Name, i)]
-		switch {
-		case d == nil:
-			waiting = append(waiting, DividerName(vpc.Name, i)+": just created")
-		case d.Status.Phase == v1alpha1.PhaseProvisioned:
-			ready++
-		default:
-			waiting = append(waiting, d.Name+": "+whyNot(d))
-		}
+	want := max(vpc.Spec.Dividers, 1)
+	ready, waiting, err := o.kind.Scale(ctx, vpc, want, dividers)
+	if err != nil {
+		return err
 	}
 	st := vpc.Status.DeepCopy()
 	if ready == want {
@@ -152,62 +132,25 @@ func (o *VPCOperator) Reconcile(ctx context.Context, name string) error {
 		if st.Phase == "" {
 			st.Phase = v1alpha1.PhaseInit
 		}
-		sort.Strings(waiting)
 		reconcile.SetCondition(&st.Conditions, vpc.Generation, ConditionDividersReady, false, ReasonWaiting,
 			fmt.Sprintf("%d of %d dividers are Provisioned; waiting for %s", ready, want, strings.Join(waiting, "; ")))
 	}
 	st.ObservedGeneration = vpc.Generation
-	return o.writeStatus(ctx, vpc, st)
+	return o.kind.WriteStatus(ctx, vpc, &st.ProvisioningStatus)
 }
 
 // drain runs the delete workflow: subnets first, then the dividers, then the VPC.
 func (o *VPCOperator) drain(ctx context.Context, vpc *v1alpha1.Vpc, dividers []*v1alpha1.Divider) error {
-	if !reconcile.HasFinalizer(vpc) {
-		return nil
-	}
-	st := vpc.Status.DeepCopy()
-	st.Phase = v1alpha1.PhaseTerminating
+	remain := ""
 	if subnets := reconcile.ByIndex[*v1alpha1.Subnet](o.subnets, reconcile.ByVPC, vpc.Name); len(subnets) > 0 {
 		names := make([]string, 0, len(subnets))
 		for _, s := range subnets {
 			names = append(names, s.Name)
 		}
 		sort.Strings(names)
-		reconcile.SetCondition(&st.Conditions, vpc.Generation, ConditionDeleting, true, ReasonSubnetsRemain,
-			fmt.Sprintf("waiting for %d subnet(s) of the VPC to be deleted: %s", len(names), strings.Join(names, ", ")))
-		return o.writeStatus(ctx, vpc, st)
+		remain = fmt.Sprintf("waiting for %d subnet(s) of the VPC to be deleted: %s", len(names), strings.Join(names, ", "))
 	}
-	if len(dividers) > 0 {
-		for _, d := range dividers {
-			if d.DeletionTimestamp != nil {
-				continue
-			}
-			if err := o.client.NetworkingV1alpha1().Dividers().Delete(ctx, d.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("draining divider %s: %w", d.Name, err)
-			}
-		}
-		reconcile.SetCondition(&st.Conditions, vpc.Generation, ConditionDeleting, true, ReasonDraining,
-			fmt.Sprintf("waiting for %d divider(s) to go", len(dividers)))
-		return o.writeStatus(ctx, vpc, st)
-	}
-	vpc = vpc.DeepCopy()
-	vpc.Finalizers = reconcile.WithoutFinalizer(vpc)
-	if _, err := o.client.NetworkingV1alpha1().Vpcs().Update(ctx, vpc, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the finalizer: %w", err)
-	}
-	return nil
-}
-
-func (o *VPCOperator) writeStatus(ctx context.Context, vpc *v1alpha1.Vpc, st *v1alpha1.VpcStatus) error {
-	if reconcile.SameProvisioning(&vpc.Status.ProvisioningStatus, &st.ProvisioningStatus) {
-		return nil
-	}
-	vpc = vpc.DeepCopy()
-	vpc.Status = *st
-	if _, err := o.client.NetworkingV1alpha1().Vpcs().UpdateStatus(ctx, vpc, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("writing status: %w", err)
-	}
-	return nil
+	return o.kind.Drain(ctx, vpc, dividers, ConditionDeleting, ReasonSubnetsRemain, remain, ReasonDraining)
 }
 
 // ownDividers are the dividers of this VPC incarnation (a divider left by a
@@ -220,29 +163,4 @@ func (o *VPCOperator) ownDividers(vpc *v1alpha1.Vpc) []*v1alpha1.Divider {
 		}
 	}
 	return out
-}
-
-func isWanted(vpc, divider string, want int32) bool {
-	for i := range want {
-		if DividerName(vpc, i) == divider {
-			return true
-		}
-	}
-	return false
-}
-
-func whyNot(d *v1alpha1.Divider) string {
-	for _, c := range d.Status.Conditions {
-		if c.Status == metav1.ConditionFalse {
-			return c.Reason + ": " + c.Message
-		}
-	}
-	if d.Spec.Droplet == "" {
-		return "not placed yet"
-	}
-	return "not yet Provisioned by the agent of droplet " + d.Spec.Droplet
-}
-
-func owner(vpc *v1alpha1.Vpc) metav1.OwnerReference {
-	return *metav1.NewControllerRef(vpc, v1alpha1.SchemeGroupVersion.WithKind("Vpc"))
 }
