@@ -48,6 +48,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } droplets SEC(".maps");
 
+/* This node's own addresses: pod traffic to them goes to the host stack
+ * (kubelet probes, node-local daemons), not into the overlay. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct droplet_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} host_addrs SEC(".maps");
+
 /* (vni, droplet ip) -> present: a bouncer or divider of that VPC. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -185,5 +185,6 @@ enum pod_counter {
 	POD_DROP_REDIRECT,      /* bpf_redirect/bpf_redirect_peer refused the target */
 	POD_ENCAP_LEARNED,      /* encapsulated straight to a learned host */
 	POD_INTRODUCE,          /* bounced with the option to introduce the pod to a learned host */
+	POD_TO_HOST,            /* to an address of this node: passed to the host stack */
 	POD_MAX,
 };

@@ -4,11 +4,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/safchain/ethtool"
 	"github.com/vishvananda/netlink"
 )
@@ -259,11 +262,35 @@ func TestAttachLifecycle(t *testing.T) {
 	must(t, d1.UpsertEndpoint(Endpoint{VNI: vpc1, IP: pod1.IP, MAC: pod1.MAC, Ifindex: index("h0")}))
 	must(t, d1.UpsertEndpoint(epRemote))
 	n.do(t, func() error { return d1.AttachUnderlay("u0") })
-	n.do(t, func() error { return d1.AttachPod("h0") })
+	// An earlier mizar attached pods through tcx, with a pinned link: the
+	// filter replaces it.
+	n.do(t, func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Program: d1.PodProgram(), Interface: index("h0"), Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		must(t, os.MkdirAll(filepath.Join(root, linksDir, "h0"), 0o700))
+		return l.Pin(filepath.Join(root, linksDir, "h0", podPin))
+	})
+	if ls := links(d1); len(ls) != 2 {
+		t.Fatalf("links before AttachPod: %+v, want the underlay's and an old tcx one", ls)
+	}
+	must(t, d1.AttachPodAt(n.nl, "h0"))
+	podProg := func(d *Datapath) uint32 {
+		id, ok, err := d.PodProgramOn(n.nl, "h0")
+		must(t, err)
+		if !ok {
+			return 0
+		}
+		return id
+	}
 	first := links(d1)
-	if len(first) != 2 || first["u0/underlay_xdp"].Ifindex != index("u0") || first["h0/pod_tcx"].Ifindex != index("h0") ||
-		first["u0/underlay_xdp"].ProgID != progID(d1, underlayPin) {
-		t.Fatalf("links after attach: %+v", first)
+	if len(first) != 1 || first["u0/underlay_xdp"].Ifindex != index("u0") || first["u0/underlay_xdp"].ProgID != progID(d1, underlayPin) {
+		t.Fatalf("links after attach: %+v, want the underlay's only (the old tcx link gone)", first)
+	}
+	if podProg(d1) != progID(d1, podPin) {
+		t.Fatalf("pod filter on h0 runs program %d, want %d", podProg(d1), progID(d1, podPin))
 	}
 	ul, err := n.nl.LinkByName("u0")
 	must(t, err)
@@ -283,15 +310,20 @@ func TestAttachLifecycle(t *testing.T) {
 	must(t, d1.Close())
 	d2 := load()
 	n.do(t, func() error { return d2.AttachUnderlay("u0") })
-	n.do(t, func() error { return d2.AttachPod("h0") })
+	must(t, d2.AttachPodAt(n.nl, "h0"))
 	second := links(d2)
 	for k, l := range first {
 		if second[k].LinkID != l.LinkID {
 			t.Errorf("%s: link %d replaced by %d, want an in-place update", k, l.LinkID, second[k].LinkID)
 		}
 	}
-	if second["u0/underlay_xdp"].ProgID != progID(d2, underlayPin) || second["h0/pod_tcx"].ProgID != progID(d2, podPin) {
-		t.Errorf("links still run the old programs: %+v", second)
+	if second["u0/underlay_xdp"].ProgID != progID(d2, underlayPin) || podProg(d2) != progID(d2, podPin) {
+		t.Errorf("still the old programs: links %+v, pod filter %d", second, podProg(d2))
+	}
+	hl, err := n.nl.LinkByName("h0")
+	must(t, err)
+	if fs, err := n.nl.FilterList(hl, netlink.HANDLE_MIN_INGRESS); err != nil || len(fs) != 1 {
+		t.Errorf("filters on h0 after the restart: %v %v, want one (replaced in place)", fs, err)
 	}
 	eps, err := d2.Endpoints()
 	must(t, err)
@@ -305,17 +337,19 @@ func TestAttachLifecycle(t *testing.T) {
 	must(t, err)
 	must(t, n.nl.LinkDel(h0))
 	must(t, n.nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "h0"}, PeerName: "h0p"}))
+	if podProg(d2) != 0 {
+		t.Error("a new h0 has a pod filter before AttachPod")
+	}
 	n.do(t, func() error { return d2.AttachPod("h0") })
-	third := links(d2)
-	if third["h0/pod_tcx"].LinkID == second["h0/pod_tcx"].LinkID || third["h0/pod_tcx"].Ifindex != index("h0") {
-		t.Errorf("recreated h0: link %+v, want a new one on ifindex %d", third["h0/pod_tcx"], index("h0"))
+	if podProg(d2) != progID(d2, podPin) {
+		t.Errorf("recreated h0: pod filter runs %d, want %d", podProg(d2), progID(d2, podPin))
 	}
 
 	// GC with only the underlay valid: h0's pin, interface entry and local
 	// endpoint go; the underlay and remote endpoints stay.
 	n.do(t, func() error { return d2.GC([]string{"u0"}) })
 	after := links(d2)
-	if _, ok := after["h0/pod_tcx"]; ok || len(after) != 1 {
+	if len(after) != 1 {
 		t.Errorf("links after GC: %+v, want only u0's", after)
 	}
 	ifs, err := d2.PodInterfaces()
@@ -324,6 +358,14 @@ func TestAttachLifecycle(t *testing.T) {
 	must(t, err)
 	if len(ifs) != 0 || len(eps) != 1 || eps[0].IP != epRemote.IP {
 		t.Errorf("after GC: pod interfaces %+v, endpoints %+v; want none and only the remote one", ifs, eps)
+	}
+
+	// DetachPodAt: the filter goes; again is no error, nor a missing device.
+	must(t, d2.DetachPodAt(n.nl, "h0"))
+	must(t, d2.DetachPodAt(n.nl, "h0"))
+	must(t, d2.DetachPodAt(n.nl, "nope0"))
+	if podProg(d2) != 0 {
+		t.Error("pod filter still on h0 after DetachPodAt")
 	}
 
 	// Detach: the program leaves the device, the pin directory goes.

@@ -31,6 +31,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -103,6 +104,10 @@ type Datapath struct {
 	underlayNames []string
 	podNames      []string
 
+	// replaced names the pinned maps Load found with another layout and
+	// replaced by empty ones.
+	replaced []string
+
 	mu sync.Mutex // serialises link pin changes
 }
 
@@ -149,9 +154,15 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, err
 	}
 
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: opts.PinRoot},
-	})
+	collOpts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinRoot}}
+	err = spec.LoadAndAssign(&d.objs, collOpts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// Pins of an earlier mizar with another layout: replace what the
+		// agent rebuilds anyway, then load again.
+		if d.replaced, err = replaceIncompatiblePins(spec, opts.PinRoot); err == nil {
+			err = spec.LoadAndAssign(&d.objs, collOpts)
+		}
+	}
 	if err != nil {
 		var ve *ebpf.VerifierError
 		switch {
@@ -189,6 +200,52 @@ func (o *Options) validate() error {
 	}
 	return nil
 }
+
+// keptAcrossLayouts are the maps whose contents nothing rebuilds (the CNI
+// server writes a pod's entry once, at ADD): a pin of another layout is an
+// error, not replaced.
+var keptAcrossLayouts = map[string]bool{mizarMapPodIfaces: true}
+
+// replaceIncompatiblePins removes the pins under root whose map differs
+// from spec (an earlier mizar's layout), so the next load creates them
+// afresh. The agent refills them (endpoints, topology, host addresses from
+// the API; counters and learned paths start over). Programs still attached
+// keep their old maps until they are updated to the new programs.
+func replaceIncompatiblePins(spec *ebpf.CollectionSpec, root string) ([]string, error) {
+	var replaced []string
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(root, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return replaced, fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		incompatible := ms.Compatible(m)
+		_ = m.Close()
+		if incompatible == nil {
+			continue
+		}
+		if keptAcrossLayouts[name] {
+			return replaced, fmt.Errorf("load mizar maps: %s has another layout (left by another mizar version?) "+
+				"and its contents cannot be rebuilt; remove it with Purge (pods must be re-added): %w", path, incompatible)
+		}
+		if err := os.Remove(path); err != nil {
+			return replaced, fmt.Errorf("replace pinned map %s of another layout: %w", path, err)
+		}
+		replaced = append(replaced, name)
+	}
+	slices.Sort(replaced)
+	return replaced, nil
+}
+
+// ReplacedMaps names the pinned maps Load found with another layout (an
+// earlier mizar's) and replaced by empty ones; nil on a compatible restart.
+func (d *Datapath) ReplacedMaps() []string { return d.replaced }
 
 // PinRoot returns the directory holding this datapath's pins.
 func (d *Datapath) PinRoot() string { return d.opts.PinRoot }

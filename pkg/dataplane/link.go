@@ -10,11 +10,14 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // Link pins live at <pin root>/links/<ifname>/<program>, one per attachment,
-// so an agent restart finds and updates them instead of attaching twice.
+// so an agent restart finds and updates them instead of attaching twice. The
+// underlay's XDP link is pinned; pod_tcx pins are what earlier mizar versions
+// left on pod veths (AttachPodAt replaces them with its filter).
 const (
 	linksDir       = "links"
 	underlayPin    = "underlay_xdp"
@@ -37,15 +40,114 @@ func (d *Datapath) AttachUnderlay(ifname string) error {
 		})
 }
 
-// AttachPod attaches the pod-side program to the tcx ingress of a pod's
-// host-side veth (what the pod transmits), or atomically replaces the program
-// of an attachment pinned earlier. Describe the interface with
-// UpsertPodInterface first.
-func (d *Datapath) AttachPod(ifname string) error {
-	return d.attach(ifname, podPin, d.objs.MizarPod,
-		func(ifindex int) (link.Link, error) {
-			return link.AttachTCX(link.TCXOptions{Program: d.objs.MizarPod, Interface: ifindex, Attach: ebpf.AttachTCXIngress})
-		})
+// The pod program is a direct-action cls_bpf filter on the clsact ingress of
+// the pod's host-side veth (what the pod transmits), not a tcx link:
+// attaching a tcx link waits for an RCU grace period under the rtnl lock
+// (~16 ms each, so 100 pods added at once queue for seconds), a filter is one
+// plain netlink request. A filter lives as long as its device and needs no
+// pin; a restarted agent replaces its program in place (same handle and
+// priority), and the device's deletion removes it.
+const (
+	podFilterHandle = 1
+	podFilterPrio   = 1
+	podFilterName   = "mizar_pod"
+)
+
+// AttachPod attaches the pod-side program to a pod's host-side veth in the
+// calling thread's netns, or atomically replaces the program an earlier run
+// attached. Describe the interface with UpsertPodInterface first.
+func (d *Datapath) AttachPod(ifname string) error { return d.AttachPodAt(nil, ifname) }
+
+// AttachPodAt is AttachPod in h's netns (nil: the calling thread's).
+func (d *Datapath) AttachPodAt(h *netlink.Handle, ifname string) error {
+	if err := checkIfname(ifname); err != nil {
+		return err
+	}
+	if h == nil {
+		h = &netlink.Handle{}
+	}
+	l, err := h.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", ifname, err)
+	}
+	idx := l.Attrs().Index
+	qd := &netlink.GenericQdisc{QdiscType: "clsact",
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+	if err := h.QdiscAdd(qd); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("attach %s: clsact qdisc: %w", ifname, err)
+	}
+	f := &netlink.BpfFilter{FilterAttrs: podFilterAttrs(idx), Fd: d.objs.MizarPod.FD(), Name: podFilterName, DirectAction: true}
+	if err := h.FilterReplace(f); err != nil {
+		return fmt.Errorf("attach %s to %s: %w", podFilterName, ifname, err)
+	}
+	// An earlier mizar attached through tcx, with a pinned link: its
+	// verdict came first until now; with the filter in place it goes.
+	path := filepath.Join(d.opts.PinRoot, linksDir, ifname)
+	if _, err := os.Stat(filepath.Join(path, podPin)); err == nil {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return removeLinkPins(path)
+	}
+	return nil
+}
+
+func podFilterAttrs(ifindex int) netlink.FilterAttrs {
+	return netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_INGRESS, Handle: podFilterHandle,
+		Priority: podFilterPrio, Protocol: unix.ETH_P_ALL}
+}
+
+// DetachPodAt removes the pod program from ifname in h's netns (nil: the
+// calling thread's), and any pin an earlier mizar left for it. A missing
+// device or filter is not an error.
+func (d *Datapath) DetachPodAt(h *netlink.Handle, ifname string) error {
+	if err := checkIfname(ifname); err != nil {
+		return err
+	}
+	if h == nil {
+		h = &netlink.Handle{}
+	}
+	var errs []error
+	if l, err := h.LinkByName(ifname); err == nil {
+		err := h.FilterDel(&netlink.BpfFilter{FilterAttrs: podFilterAttrs(l.Attrs().Index)})
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("detach %s from %s: %w", podFilterName, ifname, err))
+		}
+	}
+	path := filepath.Join(d.opts.PinRoot, linksDir, ifname)
+	if _, err := os.Stat(path); err == nil {
+		d.mu.Lock()
+		errs = append(errs, removeLinkPins(path))
+		d.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// PodProgramOn reports the ID of the program in mizar's pod filter on
+// ifname in h's netns (nil: the calling thread's); ok=false when there is
+// none or no such device. CNI CHECK asks it.
+func (d *Datapath) PodProgramOn(h *netlink.Handle, ifname string) (id uint32, ok bool, err error) {
+	if h == nil {
+		h = &netlink.Handle{}
+	}
+	l, err := h.LinkByName(ifname)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("pod filter on %s: %w", ifname, err)
+	}
+	fs, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		return 0, false, fmt.Errorf("list filters of %s: %w", ifname, err)
+	}
+	for _, f := range fs {
+		if bf, isBPF := f.(*netlink.BpfFilter); isBPF && bf.Handle == podFilterHandle && bf.Priority == podFilterPrio &&
+			strings.HasPrefix(bf.Name, podFilterName) {
+			return uint32(bf.Id), true, nil
+		}
+	}
+	return 0, false, nil
 }
 
 // attach implements the restart-safe pattern: a pinned link is updated in

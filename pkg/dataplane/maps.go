@@ -625,3 +625,52 @@ func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) error {
 	}
 	return deleteKey(d.objs.Learned, &k, "learned endpoint")
 }
+
+// SetHostAddrs replaces the set of this node's own IPv4 addresses: pod
+// traffic to them is handed to the host stack (kubelet probes) instead of
+// the overlay. An address a VPC also uses is then the node's for its pods.
+func (d *Datapath) SetHostAddrs(ips []netip.Addr) error {
+	want := make(map[mizarDropletKey]bool, len(ips))
+	for _, ip := range ips {
+		k, err := dropletKey(ip)
+		if err != nil {
+			return fmt.Errorf("host address: %w", err)
+		}
+		want[k] = true
+	}
+	for k := range want {
+		if err := d.objs.HostAddrs.Put(&k, uint8(1)); err != nil {
+			return fmt.Errorf("put host address %s: %w", netip.AddrFrom4(k.Ip), err)
+		}
+	}
+	have, err := d.HostAddrs()
+	if err != nil {
+		return err
+	}
+	for _, ip := range have {
+		k, _ := dropletKey(ip)
+		if !want[k] {
+			if err := deleteKey(d.objs.HostAddrs, &k, "host address"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// HostAddrs lists the host_addrs map.
+func (d *Datapath) HostAddrs() ([]netip.Addr, error) {
+	var (
+		k   mizarDropletKey
+		v   uint8
+		out []netip.Addr
+	)
+	it := d.objs.HostAddrs.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, netip.AddrFrom4(k.Ip))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list host addresses: %w", err)
+	}
+	return out, nil
+}

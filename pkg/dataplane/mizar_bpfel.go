@@ -86,7 +86,8 @@ const (
 	mizarPodCounterPOD_DROP_REDIRECT      mizarPodCounter = 18
 	mizarPodCounterPOD_ENCAP_LEARNED      mizarPodCounter = 19
 	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
-	mizarPodCounterPOD_MAX                mizarPodCounter = 21
+	mizarPodCounterPOD_TO_HOST            mizarPodCounter = 21
+	mizarPodCounterPOD_MAX                mizarPodCounter = 22
 )
 
 type mizarPodIface struct {
@@ -157,6 +158,7 @@ type mizarVpc struct {
 const (
 	mizarMapDroplets       = "droplets"
 	mizarMapEndpoints      = "endpoints"
+	mizarMapHostAddrs      = "host_addrs"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
@@ -222,6 +224,7 @@ type mizarProgramSpecs struct {
 type mizarMapSpecs struct {
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	HostAddrs     *ebpf.MapSpec `ebpf:"host_addrs"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
@@ -261,6 +264,7 @@ func (o *mizarObjects) Close() error {
 type mizarMaps struct {
 	Droplets      *ebpf.Map `ebpf:"droplets"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	HostAddrs     *ebpf.Map `ebpf:"host_addrs"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
@@ -275,6 +279,7 @@ func (m *mizarMaps) Close() error {
 	return _MizarClose(
 		m.Droplets,
 		m.Endpoints,
+		m.HostAddrs,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
@@ -35,16 +36,21 @@ import (
 )
 
 // PodDataplane is what the CNI server asks of the node's pod-side program.
-// Calls are made from any thread: the implementation enters the host netns
-// itself.
+// Calls are made from any thread, with a netlink handle in the host netns.
 type PodDataplane interface {
 	// AttachPod describes the pod behind the host-side veth hostIf and
 	// attaches the pod-side program to it.
-	AttachPod(hostIf string, p dataplane.PodInterface) error
+	AttachPod(host *netlink.Handle, hostIf string, p dataplane.PodInterface) error
+	// AdoptPod attaches the current program to a pod an earlier run
+	// attached (its description is kept in the pinned maps).
+	AdoptPod(host *netlink.Handle, hostIf string) error
 	// DetachPod undoes AttachPod; a missing attachment is not an error.
-	DetachPod(hostIf string, ifindex int) error
+	DetachPod(host *netlink.Handle, hostIf string, ifindex int) error
 	// PodAttached reports whether hostIf has the pod-side program attached.
-	PodAttached(hostIf string) (bool, error)
+	PodAttached(host *netlink.Handle, hostIf string) (bool, error)
+	// SetHostAddrs names the node's own addresses: pods reach them through
+	// the host stack, not the overlay.
+	SetHostAddrs(ips []netip.Addr) error
 }
 
 // AttachmentLabel marks the endpoints the CNI server created with their
@@ -74,6 +80,13 @@ type CNIOptions struct {
 	HostNetns string
 	// UnderlayMTU sizes the pods' interfaces (minus the Geneve overhead).
 	UnderlayMTU int
+	// WorkloadPods reads pods from the workload cluster for their placement
+	// annotations (AnnotationVPC, AnnotationSubnet); nil: the conflist
+	// alone places pods.
+	WorkloadPods corev1client.PodsGetter
+	// HostIP is the node's underlay address: the source of what the host
+	// sends to its pods (kubelet probes).
+	HostIP netip.Addr
 	// StateDir keeps one file per attachment: what DEL, CHECK and GC undo or
 	// verify, written before anything is created.
 	StateDir string
@@ -98,8 +111,8 @@ type attachLock struct {
 
 // NewCNIServer checks the options and opens the host netns.
 func NewCNIServer(o CNIOptions) (*CNIServer, error) {
-	if o.Client == nil || o.Droplet == "" || o.Pods == nil || o.StateDir == "" {
-		return nil, errors.New("CNI server: a client, a droplet, a pod dataplane and a state directory are required")
+	if o.Client == nil || o.Droplet == "" || o.Pods == nil || o.StateDir == "" || !o.HostIP.Is4() {
+		return nil, errors.New("CNI server: a client, a droplet, a pod dataplane, a state directory and the host's IPv4 address are required")
 	}
 	if _, err := dataplane.PodMTU(o.UnderlayMTU); err != nil {
 		return nil, fmt.Errorf("CNI server: %w", err)
@@ -114,7 +127,15 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CNI server: host netns: %w", err)
 	}
-	h.Close()
+	defer h.Close()
+	// Read once: a node's addresses are set before its agent starts.
+	addrs, err := hostAddrs(h)
+	if err != nil {
+		return nil, fmt.Errorf("CNI server: %w", err)
+	}
+	if err := o.Pods.SetHostAddrs(addrs); err != nil {
+		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
+	}
 	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
 }
 
@@ -153,6 +174,10 @@ type attachment struct {
 	Endpoint    string `json:"endpoint"`
 	HostIf      string `json:"hostIf"`
 	HostIfindex int    `json:"hostIfindex,omitempty"`
+	// IP and PodMAC let another attachment of the same IP (another VPC)
+	// take over the host route when this one goes.
+	IP     string `json:"ip,omitempty"`
+	PodMAC string `json:"podMAC,omitempty"`
 }
 
 // attachmentID keys everything of one attachment: never the pod's name, which
@@ -183,6 +208,13 @@ func (s *CNIServer) lock(id string) func() {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// withIP runs f holding ip's lock: the host route to an IP that pods of two
+// VPCs share changes hands under it.
+func (s *CNIServer) withIP(ip netip.Addr, f func() error) error {
+	defer s.lock("ip/" + ip.String())()
+	return f()
 }
 
 func (s *CNIServer) statePath(id string) string { return filepath.Join(s.o.StateDir, id+".json") }
@@ -281,28 +313,19 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	epName, hostIf := names(id)
 
 	api := s.o.Client.NetworkingV1alpha1()
-	subnet, err := api.Subnets().Get(ctx, conf.Subnet, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q of network %q does not exist: create it or fix the conflist", conf.Subnet, conf.Name), nil)
+	placed, cerr := s.place(ctx, conf, namespace, pod)
+	if cerr != nil {
+		return nil, cerr
 	}
-	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: reading subnet "+conf.Subnet+" from mizar-apiserver failed", err)
-	}
-	if subnet.Spec.VPC != conf.VPC {
-		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q belongs to VPC %q, not %q as network %q says", conf.Subnet, subnet.Spec.VPC, conf.VPC, conf.Name), nil)
-	}
-	vpc, err := api.Vpcs().Get(ctx, conf.VPC, metav1.GetOptions{})
-	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: reading VPC "+conf.VPC+" from mizar-apiserver failed", err)
-	}
+	subnet, vpc := placed.subnetObj, placed.vpcObj
 	prefix, err := netip.ParsePrefix(subnet.Spec.CIDR)
 	if err != nil {
-		return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad cidr", err)
+		return nil, cniErr(cni.CodeAPI, "mizar: subnet "+subnet.Name+" has a bad cidr", err)
 	}
 	gw := prefix.Masked().Addr().Next()
 	if subnet.Spec.Gateway != "" {
 		if gw, err = netip.ParseAddr(subnet.Spec.Gateway); err != nil {
-			return nil, cniErr(cni.CodeAPI, "mizar: subnet "+conf.Subnet+" has a bad gateway", err)
+			return nil, cniErr(cni.CodeAPI, "mizar: subnet "+subnet.Name+" has a bad gateway", err)
 		}
 	}
 	mtu, _ := dataplane.PodMTU(s.o.UnderlayMTU)
@@ -373,7 +396,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	go func() {
 		ep, err := api.Endpoints(namespace).Create(ctx, &v1alpha1.Endpoint{
 			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id, NetworkLabel: networkLabel(conf.Name)}},
-			Spec:       v1alpha1.EndpointSpec{Subnet: conf.Subnet, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
+			Spec:       v1alpha1.EndpointSpec{Subnet: subnet.Name, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
 		}, metav1.CreateOptions{FieldManager: fieldManager})
 		cc <- created{ep, err}
 	}()
@@ -392,7 +415,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	ep, err := c.ep, c.err
 	if err != nil {
 		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "no free address") {
-			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", conf.Subnet, subnet.Spec.CIDR), err)
+			return nil, cniErr(cni.CodeSubnetFull, fmt.Sprintf("mizar: subnet %s (%s) has no free address: add a subnet or delete pods", subnet.Name, subnet.Spec.CIDR), err)
 		}
 		return nil, cniErr(cni.CodeAPI, "mizar: creating endpoint "+namespace+"/"+epName+" failed", err)
 	}
@@ -401,6 +424,10 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		return nil, cniErr(cni.CodeAPI, "mizar: the endpoint came back without a valid IP", err)
 	}
 	addr := netip.PrefixFrom(ip, prefix.Bits())
+	st.IP, st.PodMAC = ip.String(), podMAC.String()
+	if err := s.writeState(id, st); err != nil {
+		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
+	}
 
 	// Inside the pod: address, up, default route through the gateway, and the
 	// gateway's neighbour entry so the first packet needs no ARP round.
@@ -424,12 +451,15 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	if err := host.LinkSetUp(hl); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: bringing "+hostIf+" up", err)
 	}
-	if err := s.o.Pods.AttachPod(hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
+	if err := s.o.Pods.AttachPod(host, hostIf, dataplane.PodInterface{Ifindex: st.HostIfindex, VNI: uint32(vpc.Spec.VNI), IP: ip, MAC: podMAC,
 		Subnet: prefix.Masked(), GatewayIP: gw, GatewayMAC: hostMAC}); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: attaching the pod-side program to "+hostIf, err)
 	}
 	if err := dataplane.EnableGROInNetns(r.Netns, r.IfName); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: enabling GRO on the pod's "+r.IfName, err)
+	}
+	if err := s.withIP(ip, func() error { return s.addHostRoute(host, st.HostIfindex, ip, podMAC) }); err != nil {
+		return nil, cniErr(cni.CodeNetwork, "mizar: routing the host to the pod", err)
 	}
 
 	if err := s.waitProvisioned(ctx, ep); err != nil {
@@ -545,13 +575,19 @@ func (s *CNIServer) teardown(ctx context.Context, id string, st *attachment) err
 		ifindex = l.Attrs().Index
 	}
 	if ifindex > 0 {
-		if err := s.o.Pods.DetachPod(st.HostIf, ifindex); err != nil {
+		if err := s.o.Pods.DetachPod(host, st.HostIf, ifindex); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if l, err := host.LinkByName(st.HostIf); err == nil {
 		if err := host.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", st.HostIf, err))
+		}
+	}
+	// The veth took its host route along; a pod of the same IP gets it.
+	if ip, err := netip.ParseAddr(st.IP); err == nil {
+		if err := s.withIP(ip, func() error { return s.handOverHostRoute(host, id, ip) }); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if err := s.deleteEndpoint(ctx, id, st); err != nil {
@@ -625,7 +661,12 @@ func (s *CNIServer) check(ctx context.Context, r *cni.Request) *types.Error {
 	if ep.Status.Phase != v1alpha1.PhaseProvisioned {
 		return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s/%s is %q, not Provisioned: %s", ep.Namespace, ep.Name, ep.Status.Phase, conditions(ep)), nil)
 	}
-	if ok, err := s.o.Pods.PodAttached(st.HostIf); err != nil || !ok {
+	host, err := s.hostHandle()
+	if err != nil {
+		return cniErr(cni.CodeNetwork, "mizar-nodeagent: cannot reach the host netns", err)
+	}
+	defer host.Close()
+	if ok, err := s.o.Pods.PodAttached(host, st.HostIf); err != nil || !ok {
 		return cniErr(cni.CodeNetwork, "mizar: the pod-side program is not attached to "+st.HostIf, err)
 	}
 	podNS, err := netns.GetFromPath(r.Netns)
@@ -736,6 +777,36 @@ func randomMAC() net.HardwareAddr {
 
 func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// AdoptPods attaches the current pod program to every recorded attachment's
+// veth, replacing what an earlier run attached (programs of another version,
+// or maps it replaced): called at start.
+func (s *CNIServer) AdoptPods() error {
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return fmt.Errorf("read the attachment state: %w", err)
+	}
+	host, err := s.hostHandle()
+	if err != nil {
+		return err
+	}
+	defer host.Close()
+	var errs []error
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		unlock := s.lock(id) // a DEL of it may be running already
+		if st, err := s.readState(id); err == nil && st.HostIfindex > 0 {
+			if _, err := host.LinkByName(st.HostIf); err == nil { // else its pod went while no agent ran
+				errs = append(errs, s.o.Pods.AdoptPod(host, st.HostIf))
+			}
+		}
+		unlock()
+	}
+	return errors.Join(errs...)
 }
 
 // HostInterfaces lists the host-side veths of the attachments on record: the

@@ -101,7 +101,7 @@ type cniEnv struct {
 // droplet's API side (over a Recorder: the host/bouncer maps are not what is
 // tested here), and the CNI server on its socket; the plugin binary is built
 // and driven through libcni.
-func newCNIEnv(t testing.TB) *cniEnv {
+func newCNIEnv(t testing.TB, opts ...func(*CNIOptions)) *cniEnv {
 	requireRoot(t)
 	e := &cniEnv{t: t, sfx: suffix(t)}
 	dir := t.TempDir()
@@ -160,8 +160,12 @@ func newCNIEnv(t testing.TB) *cniEnv {
 	agentDone := make(chan error, 1)
 	go func() { agentDone <- agent.Run(ctx) }()
 
-	e.srv, err = NewCNIServer(CNIOptions{Client: e.client.Client, Droplet: droplet, Pods: &DatapathPods{DP: e.dp, HostNetns: e.node},
-		HostNetns: e.node, UnderlayMTU: 1500, StateDir: e.stateDir, ProvisionTimeout: 30 * time.Second})
+	co := CNIOptions{Client: e.client.Client, Droplet: droplet, Pods: &DatapathPods{DP: e.dp, HostNetns: e.node},
+		HostNetns: e.node, UnderlayMTU: 1500, HostIP: hostIP, StateDir: e.stateDir, ProvisionTimeout: 30 * time.Second}
+	for _, o := range opts {
+		o(&co)
+	}
+	e.srv, err = NewCNIServer(co)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +226,7 @@ func (e *cniEnv) nothingLeft(rt *libcni.RuntimeConf, podH *netlink.Handle) {
 	if _, err := podH.LinkByName(rt.IfName); err == nil {
 		e.t.Errorf("%s is left in the pod", rt.IfName)
 	}
-	if ok, err := e.srv.o.Pods.PodAttached(hostIf); ok || err != nil {
+	if ok, err := e.srv.o.Pods.PodAttached(e.nodeH, hostIf); ok || err != nil {
 		e.t.Errorf("pod program still pinned on %s (%v)", hostIf, err)
 	}
 	if _, err := os.Stat(e.srv.statePath(id)); !errors.Is(err, os.ErrNotExist) {
@@ -295,7 +299,7 @@ func TestCNIThroughLibcni(t *testing.T) {
 				t.Errorf("no default route via the gateway in the pod: %v", routes)
 			}
 			_, hostIf := names(attachmentID(rt.ContainerID, rt.IfName))
-			if ok, err := e.srv.o.Pods.PodAttached(hostIf); !ok || err != nil {
+			if ok, err := e.srv.o.Pods.PodAttached(e.nodeH, hostIf); !ok || err != nil {
 				t.Errorf("pod program not attached to %s (%v)", hostIf, err)
 			}
 			if ver != "0.3.1" {
@@ -566,4 +570,115 @@ func TestCNIDelAfterNetnsGone(t *testing.T) {
 		t.Fatalf("DEL after the netns went: %v", err)
 	}
 	e.nothingLeft(rt, podH)
+}
+
+// Host <-> pod through the real plugin: the node pings its pod and the pod
+// its node, outside the overlay. Two pods of overlapping VPCs with the same
+// IP: the first holds the host route, and gets it handed over on its DEL.
+func TestCNIHostAndPod(t *testing.T) {
+	e := newCNIEnv(t)
+	ctx := context.Background()
+	api := e.client.Client.NetworkingV1alpha1()
+	// A second VPC with the same CIDR, and a /29 in each with every address
+	// but .2 taken: both pods get 10.77.9.2.
+	vpc2 := "vpc2-" + e.sfx
+	if _, err := api.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc2}, Spec: v1alpha1.VpcSpec{CIDR: "10.77.0.0/16"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lists := map[string]*libcni.NetworkConfigList{}
+	for _, o := range []struct{ vpc, subnet string }{{e.vpc, "ova-" + e.sfx}, {vpc2, "ovb-" + e.sfx}} {
+		if _, err := api.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: o.subnet}, Spec: v1alpha1.SubnetSpec{VPC: o.vpc, CIDR: "10.77.9.0/29"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 3; i <= 6; i++ {
+			if _, err := api.Endpoints("default").Create(ctx, &v1alpha1.Endpoint{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", o.subnet, i)},
+				Spec: v1alpha1.EndpointSpec{Subnet: o.subnet, Droplet: e.srv.o.Droplet, IP: fmt.Sprintf("10.77.9.%d", i), MAC: fmt.Sprintf("02:00:00:00:09:%02x", i)}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion": "1.1.0", "name": "mizar-%s", "plugins": [{"type": "mizar",
+			"vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`, o.subnet, o.vpc, o.subnet, e.socket, e.queue))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lists[o.vpc] = l
+	}
+	nodeIP := "198.18.7.1"
+	ping := func(nsPath, dst string) error {
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(nsPath), "ping", "-n", "-q", "-c", "2", "-i", "0.2", "-W", "2", dst).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ping %s in %s: %v: %s", dst, filepath.Base(nsPath), err, out)
+		}
+		return nil
+	}
+	routeDev := func(ip string) int {
+		t.Helper()
+		rs, err := e.nodeH.RouteGet(netip.MustParseAddr(ip).AsSlice())
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("route to %s on the node: %v %v", ip, rs, err)
+		}
+		return rs[0].LinkIndex
+	}
+	hostIndex := func(rt *libcni.RuntimeConf) int {
+		t.Helper()
+		_, hostIf := names(attachmentID(rt.ContainerID, rt.IfName))
+		l, err := e.nodeH.LinkByName(hostIf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Index
+	}
+
+	first, _ := e.pod("hosta")
+	second, _ := e.pod("hostb")
+	for _, p := range []struct {
+		rt *libcni.RuntimeConf
+		l  *libcni.NetworkConfigList
+	}{{first, lists[e.vpc]}, {second, lists[vpc2]}} {
+		rt := p.rt
+		res, err := e.cni.AddNetworkList(ctx, p.l, rt)
+		if err != nil {
+			t.Fatalf("ADD %s: %v", rt.ContainerID, err)
+		}
+		if r, _ := types100.GetResult(res); r == nil || r.IPs[0].Address.IP.String() != "10.77.9.2" {
+			t.Fatalf("ADD %s: %s, want 10.77.9.2", rt.ContainerID, res)
+		}
+	}
+	if routeDev("10.77.9.2") != hostIndex(first) {
+		t.Fatalf("the host route to 10.77.9.2 is not on the first pod's veth")
+	}
+	if err := ping(e.node, "10.77.9.2"); err != nil {
+		t.Errorf("node -> pod: %v", err)
+	}
+	if err := ping(first.NetNS, nodeIP); err != nil {
+		t.Errorf("pod -> node: %v", err)
+	}
+	c, err := e.dp.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pod["to_host"] == 0 || c.Pod["encap"] != 0 {
+		t.Errorf("pod counters %v: want to_host and no encap", c.Pod)
+	}
+
+	// The holder goes: the other pod gets the route and reaches the node.
+	if err := e.cni.DelNetworkList(ctx, lists[e.vpc], first); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if routeDev("10.77.9.2") != hostIndex(second) {
+		t.Fatalf("the host route to 10.77.9.2 was not handed to the other pod")
+	}
+	if err := ping(e.node, "10.77.9.2"); err != nil {
+		t.Errorf("node -> the other pod after the handover: %v", err)
+	}
+	if err := ping(second.NetNS, nodeIP); err != nil {
+		t.Errorf("the other pod -> node after the handover: %v", err)
+	}
+	if err := e.cni.DelNetworkList(ctx, lists[vpc2], second); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	rs, err := e.nodeH.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: ipnet(netip.MustParsePrefix("10.77.9.2/32"))}, netlink.RT_FILTER_DST)
+	if err != nil || len(rs) != 0 {
+		t.Errorf("routes to 10.77.9.2 left after both DELs: %v %v", rs, err)
+	}
 }

@@ -2,15 +2,18 @@ package nodeagent
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"mizar.dev/pkg/dataplane"
 )
 
-// DatapathPods is the PodDataplane over the real eBPF datapath. Attaching
-// names interfaces, so it enters the host netns (HostNetns, "" = the
-// calling thread's) for those calls.
+// DatapathPods is the PodDataplane over the real eBPF datapath. Its calls
+// name interfaces through the host netns handle they are given; inHost
+// enters the host netns (HostNetns, "" = the calling thread's) for the
+// datapath calls that have no handle variant.
 type DatapathPods struct {
 	DP        *dataplane.Datapath
 	HostNetns string
@@ -24,19 +27,24 @@ func (p *DatapathPods) inHost(f func() error) error {
 }
 
 // AttachPod implements PodDataplane.
-func (p *DatapathPods) AttachPod(hostIf string, pi dataplane.PodInterface) error {
+func (p *DatapathPods) AttachPod(host *netlink.Handle, hostIf string, pi dataplane.PodInterface) error {
 	if err := p.DP.UpsertPodInterface(pi); err != nil {
 		return err
 	}
-	if err := p.inHost(func() error { return p.DP.AttachPod(hostIf) }); err != nil {
+	return p.AdoptPod(host, hostIf)
+}
+
+// AdoptPod implements PodDataplane.
+func (p *DatapathPods) AdoptPod(host *netlink.Handle, hostIf string) error {
+	if err := p.DP.AttachPodAt(host, hostIf); err != nil {
 		return fmt.Errorf("attach the pod program to %s: %w", hostIf, err)
 	}
 	return nil
 }
 
 // DetachPod implements PodDataplane.
-func (p *DatapathPods) DetachPod(hostIf string, ifindex int) error {
-	if err := p.DP.Detach(hostIf); err != nil {
+func (p *DatapathPods) DetachPod(host *netlink.Handle, hostIf string, ifindex int) error {
+	if err := p.DP.DetachPodAt(host, hostIf); err != nil {
 		return fmt.Errorf("detach the pod program from %s: %w", hostIf, err)
 	}
 	if err := p.DP.DeletePodInterface(ifindex); err != nil {
@@ -45,16 +53,19 @@ func (p *DatapathPods) DetachPod(hostIf string, ifindex int) error {
 	return nil
 }
 
-// PodAttached implements PodDataplane.
-func (p *DatapathPods) PodAttached(hostIf string) (bool, error) {
-	links, err := p.DP.Links()
-	if err != nil {
+// PodAttached implements PodDataplane: this datapath's program is on hostIf.
+func (p *DatapathPods) PodAttached(host *netlink.Handle, hostIf string) (bool, error) {
+	id, ok, err := p.DP.PodProgramOn(host, hostIf)
+	if err != nil || !ok {
 		return false, err
 	}
-	for _, l := range links {
-		if l.Ifname == hostIf && l.Program == "pod_tcx" && l.Ifindex != 0 {
-			return true, nil
-		}
+	info, err := p.DP.PodProgram().Info()
+	if err != nil {
+		return false, fmt.Errorf("pod program info: %w", err)
 	}
-	return false, nil
+	want, _ := info.ID()
+	return id == uint32(want), nil
 }
+
+// SetHostAddrs implements PodDataplane.
+func (p *DatapathPods) SetHostAddrs(ips []netip.Addr) error { return p.DP.SetHostAddrs(ips) }

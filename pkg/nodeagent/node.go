@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -29,32 +31,40 @@ import (
 
 // NodeOptions are mizar-nodeagent's flags.
 type NodeOptions struct {
-	Kubeconfig       string
-	Droplet          string
-	Node             string
-	Underlay         string
-	HostIP           string
-	HostMAC          string
-	PinRoot          string
-	XDPGeneric       bool
-	CNISocket        string
-	DeleteQueue      string
-	StateDir         string
-	HealthAddr       string
-	HostNetns        string
-	ProvisionTimeout time.Duration
+	Kubeconfig         string
+	WorkloadKubeconfig string
+	KubeAPIQPS         float32
+	KubeAPIBurst       int
+	Droplet            string
+	Node               string
+	Underlay           string
+	HostIP             string
+	HostMAC            string
+	PinRoot            string
+	XDPGeneric         bool
+	CNISocket          string
+	DeleteQueue        string
+	StateDir           string
+	HealthAddr         string
+	HostNetns          string
+	ProvisionTimeout   time.Duration
 }
 
 // NewNodeOptions returns the defaults.
 func NewNodeOptions() *NodeOptions {
 	host, _ := os.Hostname()
 	return &NodeOptions{Droplet: host, Node: host, PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
-		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second}
+		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
+		KubeAPIQPS: 200, KubeAPIBurst: 400}
 }
 
 // AddFlags registers the options.
 func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of this droplet's identity at mizar-apiserver (mizar-apiserver droplet-kubeconfig)")
+	fs.StringVar(&o.WorkloadKubeconfig, "workload-kubeconfig", o.WorkloadKubeconfig, "kubeconfig of the Kubernetes cluster whose pods run here, to read their "+
+		AnnotationVPC+" and "+AnnotationSubnet+" annotations (empty: the conflist alone places pods)")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "queries per second to each API server (client-go's default of 5 would hold back a burst of pod ADDs)")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of queries to each API server")
 	fs.StringVar(&o.Droplet, "droplet", o.Droplet, "name of this droplet")
 	fs.StringVar(&o.Node, "node", o.Node, "Kubernetes node this droplet runs on")
 	fs.StringVar(&o.Underlay, "underlay", o.Underlay, "underlay interface (default: the default route's)")
@@ -136,13 +146,30 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if o.Kubeconfig == "" || o.Droplet == "" {
 		return errors.New("--kubeconfig and --droplet are required")
 	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must be > 0", o.KubeAPIQPS, o.KubeAPIBurst)
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
 	}
+	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	client, err := versioned.NewForConfig(cfg)
 	if err != nil {
 		return err
+	}
+	var workloadPods corev1client.PodsGetter
+	if o.WorkloadKubeconfig != "" {
+		wcfg, err := clientcmd.BuildConfigFromFlags("", o.WorkloadKubeconfig)
+		if err != nil {
+			return fmt.Errorf("--workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+		}
+		wcfg.QPS, wcfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+		wc, err := kubernetes.NewForConfig(wcfg)
+		if err != nil {
+			return fmt.Errorf("--workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+		}
+		workloadPods = wc.CoreV1()
 	}
 	u, err := FindUnderlay(o.HostNetns, o.Underlay, o.HostIP, o.HostMAC)
 	if err != nil {
@@ -167,7 +194,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		return err
 	}
 	srv, err := NewCNIServer(CNIOptions{Client: client, Droplet: o.Droplet, Pods: rdp.Pods(), HostNetns: o.HostNetns,
-		UnderlayMTU: u.MTU, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
+		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), WorkloadPods: workloadPods, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
 	if err != nil {
 		return err
 	}
@@ -187,8 +214,14 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
 	}
-	// Pins of pods that vanished while no agent ran go; the attached pods'
-	// and the underlay's stay (they were updated in place above).
+	// The pods attached by an earlier run get this run's program (in place);
+	// pins of pods that vanished while no agent ran go.
+	if len(dp.ReplacedMaps()) > 0 {
+		klog.InfoS("Replaced pinned maps of another layout (an earlier mizar's)", "maps", dp.ReplacedMaps())
+	}
+	if err := srv.AdoptPods(); err != nil {
+		klog.ErrorS(err, "Attaching the pod program to some pods of an earlier run failed")
+	}
 	if ifs, err := srv.HostInterfaces(); err != nil {
 		klog.ErrorS(err, "Not collecting stale pins")
 	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name)) }); err != nil {

@@ -1,0 +1,100 @@
+package nodeagent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Host <-> pod traffic (kubelet probes) does not go through the overlay: the
+// pod program hands what a pod sends to the node's own addresses to the host
+// stack (see dataplane.SetHostAddrs), and the host reaches a pod through a
+// /32 route over the pod's host-side veth, with the node's underlay address
+// as the preferred source and a permanent neighbour entry (no ARP toward a
+// pod). Overlapping VPCs can give two pods of this node the same IP: the
+// first keeps the route; when it goes, the route is handed to another.
+
+// hostAddrs lists the IPv4 addresses of the host netns, loopback aside.
+func hostAddrs(h *netlink.Handle) ([]netip.Addr, error) {
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list the host's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if ok && !ip.IsLoopback() {
+			out = append(out, ip)
+		}
+	}
+	return out, nil
+}
+
+// addHostRoute points the host's route to ip at hostIfindex unless another
+// pod of the same IP holds it.
+func (s *CNIServer) addHostRoute(h *netlink.Handle, hostIfindex int, ip netip.Addr, podMAC net.HardwareAddr) error {
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: hostIfindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: ip.AsSlice(), HardwareAddr: podMAC}); err != nil {
+		return fmt.Errorf("neighbour entry for %s: %w", ip, err)
+	}
+	err := h.RouteAdd(s.hostRoute(hostIfindex, ip))
+	if errors.Is(err, unix.EEXIST) {
+		return nil // another pod with this IP (another VPC) has it
+	}
+	if err != nil {
+		return fmt.Errorf("route to %s: %w", ip, err)
+	}
+	return nil
+}
+
+func (s *CNIServer) hostRoute(ifindex int, ip netip.Addr) *netlink.Route {
+	return &netlink.Route{LinkIndex: ifindex, Dst: ipnet(netip.PrefixFrom(ip, 32)), Src: s.o.HostIP.AsSlice(),
+		Scope: netlink.SCOPE_LINK, Protocol: routeProtocol}
+}
+
+// routeProtocol marks mizar's host routes (rtnetlink's "static" range).
+const routeProtocol = netlink.RouteProtocol(0x6d) // 'm'
+
+// handOverHostRoute runs once the attachment gone (id) no longer needs the
+// route to ip: if no route is left (its veth took it along), another
+// attachment of this node with the same IP gets it.
+func (s *CNIServer) handOverHostRoute(h *netlink.Handle, id string, ip netip.Addr) error {
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: ipnet(netip.PrefixFrom(ip, 32)), Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("list routes to %s: %w", ip, err)
+	}
+	if len(routes) > 0 {
+		return nil
+	}
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return fmt.Errorf("read the attachment state: %w", err)
+	}
+	for _, e := range entries {
+		other, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || other == id {
+			continue
+		}
+		st, err := s.readState(other)
+		if err != nil || st.IP != ip.String() {
+			continue
+		}
+		mac, err := net.ParseMAC(st.PodMAC)
+		if err != nil {
+			continue
+		}
+		l, err := h.LinkByName(st.HostIf)
+		if err != nil {
+			continue // being torn down too
+		}
+		return s.addHostRoute(h, l.Attrs().Index, ip, mac)
+	}
+	return nil
+}
