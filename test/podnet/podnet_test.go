@@ -165,6 +165,26 @@ func TestPodNetwork(t *testing.T) {
 		}
 	})
 
+	step("host and pod", func(t *testing.T) {
+		// A node reaches its own pods and they reach it outside the overlay
+		// (kubelet's probes): ping and hash-checked TCP both ways. Before any
+		// pod of vpc-b shares an address with these.
+		for _, p := range []*pod{p1, p2, p3} {
+			host := &pod{name: p.node.name, netns: p.node.ns, path: "/run/netns/" + p.node.ns, ip: p.node.ip}
+			if err := ping(host, p.ip, 1); err != nil {
+				t.Errorf("node -> its pod: %v", err)
+			}
+			if err := ping(p, host.ip, 1); err != nil {
+				t.Errorf("pod -> its node: %v", err)
+			}
+			for _, d := range [][2]*pod{{host, p}, {p, host}} {
+				if err := tcpTransfer(d[0], d[1], 1<<20, 0, nil); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	})
+
 	step("across subnets through the divider", func(t *testing.T) {
 		q1, q2, q3 = c.addPod(n1, "q1", "a2"), c.addPod(n2, "q2", "a2"), c.addPod(n3, "q3", "a2")
 		// The first packets of a new pod on node 3 (no divider or bouncer
