@@ -36,7 +36,13 @@ if [[ -d $cluster ]]; then
   for f in "$cluster"/node*/nodeagent.pid; do stop "$f" mizar-nodeagent || ok=false; done
   stop "$cluster/apiserver.pid" mizar-apiserver || ok=false
   if [[ -f $cluster/netns ]]; then
-    while read -r ns; do ip netns del "$ns" 2>/dev/null || true; done <"$cluster/netns"
+    while read -r ns; do
+      ip netns del "$ns" 2>/dev/null || true
+      # cnitool's result cache (libcni's default directory), keyed by a hash
+      # of the netns path, for pods never deleted.
+      id=cnitool-$(printf %s "/run/netns/$ns" | sha512sum | cut -c1-20)
+      rm -f /var/lib/cni/results/*-"$id"-*
+    done <"$cluster/netns"
   fi
   if [[ -f $cluster/prefix ]]; then
     pfx=$(cat "$cluster/prefix")

@@ -30,7 +30,7 @@ import (
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		const why = "needs root: network namespaces, veths, XDP and tcx programs"
+		const why = "needs root: network namespaces, veths, XDP and TC programs"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(why + "; CI=true, so this fails instead of skipping")
 		}
@@ -54,6 +54,7 @@ type podCluster struct {
 	apisrv *cluster.Proc
 	nodes  []*node
 	netns  []string // every netns made, deleted at the end
+	pods   []*pod   // their libcni result caches go at the end
 	cni    *libcni.CNIConfig
 }
 
@@ -238,6 +239,16 @@ func (c *podCluster) teardown() {
 			c.t.Errorf("purge %s: %v", n.pins, err)
 		}
 	}
+	// cnitool caches results in libcni's default directory (it has no
+	// option for another); pods never deleted leave theirs.
+	for _, p := range c.pods {
+		files, _ := filepath.Glob(filepath.Join(libcni.CacheDir, "results", "*-"+p.runtimeConf().ContainerID+"-*"))
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				c.t.Error(err)
+			}
+		}
+	}
 }
 
 func (c *podCluster) run(name string, args ...string) string {
@@ -292,6 +303,7 @@ func (c *podCluster) newPod(n *node, name, network string) *pod {
 	p.path = "/run/netns/" + p.netns
 	c.ip("netns", "add", p.netns)
 	c.netns = append(c.netns, p.netns)
+	c.pods = append(c.pods, p)
 	c.ip("-n", p.netns, "link", "set", "lo", "up")
 	return p
 }
