@@ -1,8 +1,10 @@
 // Package dataplane loads, attaches and programs mizar's eBPF fast path
 // (bpf/mizar.c): an XDP program on the node's underlay interface that
-// decapsulates Geneve for local pods and plays bouncer and divider, and a tcx
-// program on the host side of every pod's veth that answers ARP for the
-// gateway, delivers same-host traffic and encapsulates the rest in Geneve.
+// decapsulates Geneve for local pods and plays bouncer and divider, and a TC
+// program (a cls_bpf filter, see AttachPod) on the host side of every pod's
+// veth that answers ARP for the gateway, hands traffic to the node's own
+// addresses to the host stack (SetHostAddrs), delivers same-host traffic and
+// encapsulates the rest in Geneve.
 //
 // The underlay is not trusted: Geneve is accepted only from droplets
 // (UpsertDroplet) with a good outer IPv4 checksum, and delivered or relayed
@@ -15,12 +17,15 @@
 //
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
-// and the Attach methods again and traffic keeps flowing: maps are reused and
-// attached links are updated to the new programs atomically.
+// and the Attach methods again and traffic keeps flowing: maps are reused
+// (those of another layout, left by an earlier version, are replaced: see
+// ReplacedMaps) and attached links and pod filters are updated to the new
+// programs atomically.
 //
 // Interfaces are named and indexed in the network namespace of the calling
-// thread: the node agent calls Load, the Attach methods, Detach and GC from
-// the host netns. Map methods work from anywhere. A Datapath is safe for
+// thread (or of the netlink handle the *At methods take): the node agent
+// calls Load, the Attach methods, Detach and GC from the host netns. Map
+// methods work from anywhere. A Datapath is safe for
 // concurrent use.
 package dataplane
 

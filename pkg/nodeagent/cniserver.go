@@ -26,13 +26,15 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
 	"mizar.dev/pkg/dataplane"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	informers "mizar.dev/pkg/generated/informers/externalversions"
+	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
 )
 
 // PodDataplane is what the CNI server asks of the node's pod-side program.
@@ -100,6 +102,15 @@ type CNIOptions struct {
 type CNIServer struct {
 	o CNIOptions
 
+	stop                      chan struct{}
+	subnets                   listers.SubnetLister
+	vpcs                      listers.VpcLister
+	subnetsSynced, vpcsSynced func() bool
+	endpoints                 cache.SharedIndexInformer // this droplet's
+
+	waitMu  sync.Mutex
+	waiters map[string]chan struct{} // "namespace/name" -> the ADD waiting for it
+
 	mu    sync.Mutex
 	locks map[string]*attachLock
 }
@@ -136,11 +147,28 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err := o.Pods.SetHostAddrs(addrs); err != nil {
 		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
 	}
-	return &CNIServer{o: o, locks: map[string]*attachLock{}}, nil
+	f := informers.NewSharedInformerFactory(o.Client, 10*time.Minute)
+	n := f.Networking().V1alpha1()
+	s := &CNIServer{o: o, locks: map[string]*attachLock{}, stop: make(chan struct{}), waiters: map[string]chan struct{}{},
+		subnets: n.Subnets().Lister(), vpcs: n.Vpcs().Lister(),
+		subnetsSynced: n.Subnets().Informer().HasSynced, vpcsSynced: n.Vpcs().Informer().HasSynced}
+	f.Start(s.stop)
+	onMe := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		lo.FieldSelector = fields.OneTermEqualSelector("spec.droplet", o.Droplet).String()
+	}))
+	s.endpoints = onMe.Networking().V1alpha1().Endpoints().Informer()
+	if _, err := s.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: s.endpointChanged, UpdateFunc: func(_, cur any) { s.endpointChanged(cur) }, DeleteFunc: s.endpointChanged,
+	}); err != nil {
+		close(s.stop)
+		return nil, fmt.Errorf("CNI server: %w", err)
+	}
+	onMe.Start(s.stop)
+	return s, nil
 }
 
 // Close releases the server's resources.
-func (s *CNIServer) Close() {}
+func (s *CNIServer) Close() { close(s.stop) }
 
 // hostHandle opens a netlink handle in the host netns for one request: a
 // shared handle would serialise every ADD on its socket lock.
@@ -483,50 +511,80 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	return out, nil
 }
 
-// waitProvisioned watches the endpoint until its phase is Provisioned: only
-// then do the host and the subnet's bouncers forward to it.
+// waitProvisioned waits until the endpoint's phase is Provisioned: only then
+// do the host and the subnet's bouncers forward to it. It follows the one
+// shared watch of this droplet's endpoints: a watch per ADD cost the server
+// a watcher each, and 100 ADDs at once queued on them.
 func (s *CNIServer) waitProvisioned(ctx context.Context, ep *v1alpha1.Endpoint) *types.Error {
 	if ep.Status.Phase == v1alpha1.PhaseProvisioned {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.o.ProvisionTimeout)
 	defer cancel()
-	c := s.o.Client.NetworkingV1alpha1().Endpoints(ep.Namespace)
-	last := ep
+	key := ep.Namespace + "/" + ep.Name
+	changed := s.waitFor(key)
+	defer s.stopWaiting(key)
+	last, seen := ep, false
 	for {
-		w, err := c.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", ep.Name).String(), ResourceVersion: last.ResourceVersion})
+		obj, exists, err := s.endpoints.GetStore().GetByKey(key)
 		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			return cniErr(cni.CodeAPI, "mizar: watching endpoint "+ep.Namespace+"/"+ep.Name, err)
+			return cniErr(cni.CodeAPI, "mizar: reading endpoint "+key+" from the watch", err)
 		}
-		for ev := range w.ResultChan() {
-			if ev.Type == watch.Deleted {
-				w.Stop()
-				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+ep.Namespace+"/"+ep.Name+" was deleted while the pod was being added", nil)
-			}
-			cur, ok := ev.Object.(*v1alpha1.Endpoint)
-			if !ok {
-				continue
-			}
-			last = cur
-			switch cur.Status.Phase {
-			case v1alpha1.PhaseProvisioned:
-				w.Stop()
+		if cur, ok := obj.(*v1alpha1.Endpoint); exists && ok && cur.UID == ep.UID {
+			seen, last = true, cur
+			switch {
+			case cur.DeletionTimestamp != nil:
+				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+key+" was deleted while the pod was being added", nil)
+			case cur.Status.Phase == v1alpha1.PhaseProvisioned:
 				return nil
-			case v1alpha1.PhaseFailed:
-				w.Stop()
-				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+ep.Namespace+"/"+ep.Name+" failed: "+conditions(cur), nil)
+			case cur.Status.Phase == v1alpha1.PhaseFailed:
+				return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+key+" failed: "+conditions(cur), nil)
 			}
+		} else if seen {
+			return cniErr(cni.CodeNotProvisioned, "mizar: endpoint "+key+" was deleted while the pod was being added", nil)
 		}
-		w.Stop()
-		if ctx.Err() != nil {
-			break
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s was not Provisioned within %v (phase %q: %s); check that mizar-nodeagent runs on the droplet and the subnet's bouncers",
+				key, s.o.ProvisionTimeout, last.Status.Phase, conditions(last)), nil)
 		}
 	}
-	return cniErr(cni.CodeNotProvisioned, fmt.Sprintf("mizar: endpoint %s/%s was not Provisioned within %v (phase %q: %s); check that mizar-nodeagent runs on the droplet and the subnet's bouncers",
-		ep.Namespace, ep.Name, s.o.ProvisionTimeout, last.Status.Phase, conditions(last)), nil)
+}
+
+// waitFor registers interest in changes of one endpoint ("namespace/name").
+func (s *CNIServer) waitFor(key string) <-chan struct{} {
+	c := make(chan struct{}, 1)
+	s.waitMu.Lock()
+	s.waiters[key] = c
+	s.waitMu.Unlock()
+	return c
+}
+
+func (s *CNIServer) stopWaiting(key string) {
+	s.waitMu.Lock()
+	delete(s.waiters, key)
+	s.waitMu.Unlock()
+}
+
+// endpointChanged wakes the ADD waiting for obj, if any.
+func (s *CNIServer) endpointChanged(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	ep, ok := obj.(*v1alpha1.Endpoint)
+	if !ok {
+		return
+	}
+	s.waitMu.Lock()
+	c := s.waiters[ep.Namespace+"/"+ep.Name]
+	s.waitMu.Unlock()
+	if c != nil {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func conditions(ep *v1alpha1.Endpoint) string {

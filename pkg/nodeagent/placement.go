@@ -81,10 +81,23 @@ func what(from string) string {
 	return "conflist"
 }
 
+// subnet and vpc read from the informers' caches (VPCs and subnets are few
+// and change rarely: a request each per ADD would cost more than the rest of
+// the API side); a miss asks the server, for objects created a moment ago.
 func (s *CNIServer) subnet(ctx context.Context, name string) (*v1alpha1.Subnet, error) {
+	if s.subnetsSynced() {
+		if sn, err := s.subnets.Get(name); err == nil {
+			return sn, nil
+		}
+	}
 	return s.o.Client.NetworkingV1alpha1().Subnets().Get(ctx, name, metav1.GetOptions{})
 }
 
 func (s *CNIServer) vpc(ctx context.Context, name string) (*v1alpha1.Vpc, error) {
+	if s.vpcsSynced() {
+		if v, err := s.vpcs.Get(name); err == nil && v.Spec.VNI > 0 {
+			return v, nil
+		}
+	}
 	return s.o.Client.NetworkingV1alpha1().Vpcs().Get(ctx, name, metav1.GetOptions{})
 }
