@@ -32,9 +32,8 @@ static __always_inline __u32 self_ip(void)
 
 static __always_inline void self_mac(__u8 *dst)
 {
-#pragma unroll
-	for (int i = 0; i < ETH_ALEN; i++)
-		dst[i] = host.mac[i];
+	*(__u32 *)dst = *(const volatile __u32 *)host.mac;
+	*(__u16 *)(dst + 4) = *(const volatile __u16 *)(host.mac + 4);
 }
 
 /* The next hop toward underlay address dst from the kernel FIB (for hops
@@ -52,8 +51,10 @@ static __always_inline int fib_next_hop(void *ctx, __u32 dst, __u8 *dmac, __u8 *
 	int rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
 
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		copy_mac(dmac, fib.dmac);
-		copy_mac(smac, fib.smac);
+		/* Byte copies: the MACs in struct bpf_fib_lookup are not
+		 * word-aligned on the stack. */
+		__builtin_memcpy(dmac, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(smac, fib.smac, ETH_ALEN);
 		*oif = fib.ifindex;
 	}
 	return rc;
@@ -95,8 +96,8 @@ int mizar_underlay(struct xdp_md *ctx)
 	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(GENEVE_PORT))
 		goto pass;
 
-	/* From here on it is Geneve for us: we either handle it or drop it. */
-	count_ul(UL_RX);
+	/* From here on it is Geneve for us: we either handle it or drop it.
+	 * rx is not counted here: Go sums it from the verdict counters. */
 	if (iph->ihl != 5)
 		return ul_drop(UL_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF))
@@ -105,10 +106,10 @@ int mizar_underlay(struct xdp_md *ctx)
 	 * address is about to decide trust: it must be the one sent. */
 	if (!ipv4_csum_ok(iph))
 		return ul_drop(UL_DROP_IP_CHECKSUM);
-	struct droplet_key dk;
+	/* Caches below are valid while the agent changes nothing. */
+	__u64 gen = current_generation();
 
-	store_u32(dk.ip, iph->saddr);
-	if (!bpf_map_lookup_elem(&droplets, &dk))
+	if (!known_droplet(iph->saddr, gen))
 		return ul_drop(UL_DROP_NOT_DROPLET);
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
@@ -153,16 +154,46 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 pick = bpf_ntohs(udp->source) & SPORT_MASK;
 	__u32 self = self_ip();
 	__u32 vni = vni_of(gnv);
-	int from_relay = 0;
+	int from_relay = 0, self_relay = 0;
 	struct route r;
+	/* The flow's earlier decision, if the agent changed nothing since. */
+	__u32 slot = pick & (FLOW_SLOTS - 1);
+	struct ul_flow *fl = bpf_map_lookup_elem(&ul_flows, &slot);
 
-	route_lookup(&r, vni, iip->daddr, pick, self);
+	if (fl && fl->valid && fl->gen == gen && fl->vni == vni && fl->osrc == iph->saddr &&
+	    fl->isrc == iip->saddr && fl->idst == iip->daddr && fl->pick == pick) {
+		r = fl->r;
+		from_relay = fl->from_relay;
+		self_relay = fl->self_relay;
+	} else {
+		int learned_trust = 0;
 
-	if (r.kind != RT_DROP) {
-		int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay);
+		route_lookup(&r, vni, iip->daddr, pick, self);
+		if (r.kind != RT_DROP) {
+			int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
-		if (refusal)
-			return ul_drop(refusal);
+			if (refusal)
+				return ul_drop(refusal);
+			if (r.kind == RT_REMOTE)
+				self_relay = is_relay(vni, self);
+		}
+		/* Drops are kept too (a flood of them is cheap); trust learned
+		 * from a relay expires, so is checked per packet. */
+		if (fl && !learned_trust) {
+			fl->gen = gen;
+			fl->vni = vni;
+			fl->osrc = iph->saddr;
+			fl->isrc = iip->saddr;
+			fl->idst = iip->daddr;
+			fl->pick = pick;
+			fl->from_relay = from_relay;
+			fl->self_relay = self_relay;
+			fl->learned = 0;
+			fl->r = r;
+			fl->valid = 1;
+		} else {
+			fl = NULL; /* the slot is another flow's */
+		}
 	}
 
 	if (r.kind == RT_LOCAL) {
@@ -178,14 +209,39 @@ int mizar_underlay(struct xdp_md *ctx)
 		if (from_relay && opt && host.learn_ns) {
 			__u32 sender = load_u32(opt->host);
 
+			__u64 j = bpf_jiffies64();
+
+			/* This flow refreshed the entry a moment ago. */
+			if (fl && fl->learned == sender && j - fl->learned_j < learn_skip_jiffies())
+				sender = 0;
 			if (sender && sender != self) {
 				struct endpoint_key k = { .vni = vni };
-				struct learned_entry v = { .expires = bpf_ktime_get_ns() + host.learn_ns };
+				__u64 now = bpf_ktime_get_coarse_ns();
+
+				if (fl) {
+					fl->learned = sender;
+					fl->learned_j = j;
+				}
 
 				store_u32(k.ip, iip->saddr);
-				store_u32(v.host_ip, sender);
-				if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY))
-					count_ul(UL_LEARN);
+				struct learned_entry *cur = bpf_map_lookup_elem(&learned, &k);
+
+				/* Rewritten only when the host changed or half the
+				 * lifetime has passed: an update per packet of a
+				 * bounced flow costs more than the rest of the path. */
+				if (!cur || load_u32(cur->host_ip) != sender ||
+				    cur->expires < now + host.learn_ns / 2) {
+					struct learned_entry v = { .expires = now + host.learn_ns };
+
+					store_u32(v.host_ip, sender);
+					if (!bpf_map_update_elem(&learned, &k, &v, BPF_ANY)) {
+						count_ul(UL_LEARN);
+						/* Pod sides that found no live host
+						 * for isrc look again. */
+						if (!cur || load_u32(cur->host_ip) != sender || cur->expires <= now)
+							bump_generation();
+					}
+				}
 			}
 		}
 		copy_mac(ieth->h_dest, r.dst_mac);
@@ -213,8 +269,6 @@ int mizar_underlay(struct xdp_md *ctx)
 		 * host only re-bounces what a sender sent it directly (to a pod
 		 * no longer here): under the sender's address, so the next relay
 		 * checks the sender, not us. */
-		int self_relay = is_relay(vni, self);
-
 		if (!self_relay && from_relay)
 			return ul_drop(UL_DROP_UNKNOWN_DST);
 		if (self_relay && !from_relay && opt) {
@@ -353,8 +407,9 @@ static __always_inline int pod_icmp_error(struct __sk_buff *skb, const struct po
 
 	struct icmp_error e;
 
-	copy_mac(e.eth.h_dest, cfg->mac);
-	copy_mac(e.eth.h_source, cfg->gw_mac);
+	/* Byte copies: e is packed, its MACs are not word-aligned on the stack. */
+	__builtin_memcpy(e.eth.h_dest, cfg->mac, ETH_ALEN);
+	__builtin_memcpy(e.eth.h_source, cfg->gw_mac, ETH_ALEN);
 	e.eth.h_proto = bpf_htons(ETH_P_IP);
 	__builtin_memcpy(&e.ip, &ip, sizeof(ip));
 	__builtin_memcpy(&e.icmp, &m, sizeof(m));
@@ -436,7 +491,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 				     const struct route *r, const __u8 *idst, const __u8 *isrc,
 				     __u8 tos, __u16 sport, const int with_opt, enum pod_counter done)
 {
-	struct geneve_encap_opt h = {};
+	__u8 dmac[8] __attribute__((aligned(8))), smac[8] __attribute__((aligned(8)));
 	__u32 oif = host.underlay_ifindex;
 	int via_neigh = 0;
 
@@ -444,19 +499,15 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	 * MACs. Until it has resolved them the kernel does the routing and
 	 * the ARP itself (bpf_redirect_neigh, which queues the packet). */
 	if (mac_is_zero(r->next.mac)) {
-		via_neigh = fib_next_hop(skb, load_u32(r->next.ip), h.eth.h_dest, h.eth.h_source, &oif) !=
+		__builtin_memset(dmac, 0, sizeof(dmac));
+		__builtin_memset(smac, 0, sizeof(smac));
+		via_neigh = fib_next_hop(skb, load_u32(r->next.ip), dmac, smac, &oif) !=
 			    BPF_FIB_LKUP_RET_SUCCESS;
 	} else {
-		copy_mac(h.eth.h_dest, r->next.mac);
-		self_mac(h.eth.h_source);
+		copy_mac(dmac, r->next.mac);
+		self_mac(smac);
 	}
 	const __u32 hlen = with_opt ? sizeof(struct geneve_encap_opt) : sizeof(struct geneve_encap);
-	/* Without the option the inner Ethernet header sits where it starts. */
-	struct ethhdr *inner = with_opt ? &h.inner : (struct ethhdr *)&h.opt;
-
-	copy_mac(inner->h_dest, idst);
-	copy_mac(inner->h_source, isrc);
-	inner->h_proto = bpf_htons(ETH_P_IP);
 
 	/* Room for outer IPv4 + UDP + Geneve (+ option) + inner Ethernet after
 	 * the MAC header. The ENCAP flags make GSO packets SKB_GSO_UDP_TUNNEL
@@ -472,8 +523,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 
 	__u32 len = skb->len;
 
-	/* Built apart from the packed header so its 16-bit words are aligned
-	 * for the checksum loop. */
+	/* Built apart, aligned, so its 16-bit words are summed in place. */
 	struct iphdr ip = {};
 
 	ip.version = 4;
@@ -487,26 +537,51 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	ip.daddr = load_u32(r->next.ip);
 	ip.check = ipv4_csum(&ip);
 
-	h.eth.h_proto = bpf_htons(ETH_P_IP);
-	__builtin_memcpy(&h.ip, &ip, sizeof(ip));
-	h.udp.source = bpf_htons(sport);
-	h.udp.dest = bpf_htons(GENEVE_PORT);
-	h.udp.len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
-	h.udp.check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
-	h.gnv.proto = bpf_htons(ETH_P_TEB_);
-	h.gnv.vni[0] = cfg->vni >> 16;
-	h.gnv.vni[1] = cfg->vni >> 8;
-	h.gnv.vni[2] = cfg->vni;
-	if (with_opt) {
-		h.gnv.ver_optlen = SRC_HOST_OPT_LEN / 4;
-		h.opt.opt_class = bpf_htons(MIZAR_OPT_CLASS);
-		h.opt.type = MIZAR_OPT_SRC_HOST;
-		h.opt.len = 1;
-		store_u32(h.opt.host, ip.saddr); /* the first relay overwrites it */
-	}
+	/* Written straight into the packet, a word at a time (no
+	 * bpf_skb_store_bytes): bpf_skb_adjust_room made the new room part of
+	 * the linear head. The layout is struct geneve_encap(_opt). */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 *p = data;
 
-	if (bpf_skb_store_bytes(skb, 0, &h, hlen, 0))
+	if (data + sizeof(struct geneve_encap_opt) > data_end)
 		return pod_drop(POD_DROP_ENCAP);
+	copy_mac(p, dmac);
+	copy_mac(p + 6, smac);
+	*(__u16 *)(p + 12) = bpf_htons(ETH_P_IP);
+#pragma unroll
+	for (int i = 0; i < 5; i++)
+		((__u32 *)(p + ETH_HLEN))[i] = ((const __u32 *)&ip)[i];
+
+	struct udphdr *udp = (void *)(p + ETH_HLEN + sizeof(struct iphdr));
+
+	udp->source = bpf_htons(sport);
+	udp->dest = bpf_htons(GENEVE_PORT);
+	udp->len = bpf_htons(len - ETH_HLEN - sizeof(struct iphdr));
+	udp->check = 0; /* allowed for UDP over IPv4 (RFC 8926 3.3) */
+
+	struct genevehdr *gnv = (void *)(udp + 1);
+
+	/* Version 0, no flags, Ethernet; VNI and reserved byte as one word. */
+	*(__u16 *)gnv = with_opt ? SRC_HOST_OPT_LEN / 4 : 0;
+	gnv->proto = bpf_htons(ETH_P_TEB_);
+	*(__u32 *)gnv->vni = bpf_htonl(cfg->vni << 8);
+
+	__u8 *inner = (__u8 *)(gnv + 1);
+
+	if (with_opt) {
+		struct geneve_opt_host *opt = (void *)inner;
+
+		opt->opt_class = bpf_htons(MIZAR_OPT_CLASS);
+		*(__u16 *)&opt->type = MIZAR_OPT_SRC_HOST | (1 << 8); /* type, len 1 */
+		store_u32(opt->host, ip.saddr); /* the first relay overwrites it */
+		inner += sizeof(*opt);
+	}
+	/* Inner Ethernet: the delivering host rewrites the destination anyway. */
+	copy_mac(inner, idst);
+	copy_mac(inner + 6, isrc);
+	*(__u16 *)(inner + 12) = bpf_htons(ETH_P_IP);
+
 	if (via_neigh)
 		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
 	return pod_redirected(bpf_redirect(oif, 0), done);
@@ -515,8 +590,9 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 SEC("tc")
 int mizar_pod(struct __sk_buff *skb)
 {
-	__u32 ifindex = skb->ifindex;
-	struct pod_iface *cfg = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+	/* Caches below are valid while the agent changes nothing. */
+	__u64 gen = current_generation();
+	const struct pod_iface *cfg = pod_config(skb->ifindex, gen);
 
 	/* An interface the agent has not described yet sends nothing. */
 	if (!cfg)
@@ -597,7 +673,7 @@ int mizar_pod(struct __sk_buff *skb)
 	__u16 sport = flow_sport(hash);
 	struct route r;
 
-	route_lookup(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip());
+	struct rt_flow *rf = route_lookup_cached(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip(), gen);
 	if (r.kind == RT_DROP)
 		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
 
@@ -632,7 +708,11 @@ int mizar_pod(struct __sk_buff *skb)
 	/* The pod's MTU leaves room for Geneve; a pod that sends more anyway
 	 * learns the path MTU, unless it allows fragmenting, which is not done
 	 * here. GSO packets are segmented to their gso_size later. */
-	if (!skb->gso_size) {
+	if (!skb->gso_size && skb->len - ETH_HLEN + GENEVE_OVERHEAD + SRC_HOST_OPT_LEN <= host.mtu) {
+		/* Fits the MTU the agent sized the pods from, option included:
+		 * no need to ask the kernel. */
+		fits_opt = 1;
+	} else if (!skb->gso_size) {
 		__u32 mtu = 0;
 		__u16 frag_off = iph->frag_off;
 		int rc = bpf_check_mtu(skb, host.underlay_ifindex, &mtu, GENEVE_OVERHEAD, 0);
@@ -655,11 +735,24 @@ int mizar_pod(struct __sk_buff *skb)
 	enum pod_counter done = POD_ENCAP;
 	int with_opt = 0;
 
-	if (r.via != VIA_ENDPOINT && host.learn_ns) {
-		__u64 now = 0;
-		__u32 peer = learned_host(cfg->vni, daddr, &now);
+	__u64 j = bpf_jiffies64();
+
+	if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->peer && rf->saddr == saddr &&
+	    j < rf->direct_until) {
+		/* Decided below for an earlier packet of this flow. */
+		store_u32(r.next.ip, rf->peer);
+		__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+		done = POD_ENCAP_LEARNED;
+	} else if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->unlearned) {
+		/* Nothing learned about daddr when the flow looked (below). */
+		with_opt = fits_opt;
+	} else if (r.via != VIA_ENDPOINT && host.learn_ns) {
+		__u64 now = 0, expires = 0;
+		__u32 peer = learned_host(cfg->vni, daddr, &now, 1, &expires);
 
 		with_opt = fits_opt;
+		if (!peer && rf)
+			rf->unlearned = 1;
 		if (peer) {
 			struct intro_key ik = { .vni = cfg->vni };
 
@@ -678,6 +771,18 @@ int mizar_pod(struct __sk_buff *skb)
 				__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
 				with_opt = 0;
 				done = POD_ENCAP_LEARNED;
+				/* Later packets of the flow skip the lookups until
+				 * half the lifetime or the entry's expiry, whichever
+				 * is first, counting jiffies long (JIFFY_MAX_NS). */
+				__u64 left = host.learn_ns / 2 - age;
+
+				if (expires - now < left)
+					left = expires - now;
+				if (rf && age < host.learn_ns / 2) {
+					rf->saddr = saddr;
+					rf->peer = peer;
+					rf->direct_until = j + left / JIFFY_MAX_NS;
+				}
 			} else if (fits_opt && age >= INTRODUCE_DELAY_NS) {
 				bpf_map_update_elem(&introduced, &ik, &now, BPF_ANY);
 				done = POD_INTRODUCE;
@@ -687,7 +792,7 @@ int mizar_pod(struct __sk_buff *skb)
 
 	/* Inner Ethernet: the endpoint's MAC when known (the delivering host
 	 * rewrites it anyway), the gateway as source when routed. */
-	__u8 idst[ETH_ALEN], isrc[ETH_ALEN];
+	__u8 idst[ETH_ALEN] __attribute__((aligned(4))), isrc[ETH_ALEN] __attribute__((aligned(4)));
 
 	copy_mac(idst, r.has_mac ? r.dst_mac : eth->h_dest);
 	copy_mac(isrc, cross ? cfg->gw_mac : eth->h_source);

@@ -2,7 +2,10 @@
 # Runs mizar's dataplane benchmarks in one go (needs root: loads BPF programs
 # and builds network-namespace topologies, all removed afterwards):
 #   BenchmarkPrograms  ns per packet of every program path (BPF_PROG_TEST_RUN)
-#                      and its ratio to an empty XDP/TC program
+#                      and its ratio to an empty program of its own hook
+#                      (x-empty-hook), interleaved round by round; the pod's
+#                      encap paths also to bpf_skb_adjust_room + bpf_redirect
+#                      alone (x-encap-floor)
 #   BenchmarkLiveBouncer the bouncer in BPF_PROG_RUN live-frames mode (frames
 #                      really transmitted) vs an XDP_TX-only program
 #   BenchmarkPodHook   pod -> host TCP over one veth with no hook, tcx, native

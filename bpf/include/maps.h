@@ -110,6 +110,36 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_stats SEC(".maps");
 
+/* Generation of the maps above as the agent wrote them: Go bumps it after
+ * every change (Datapath.invalidate), which empties every flow cache at once.
+ * Pinned, so that programs being replaced see the same generation. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} generation SEC(".maps");
+
+/* The programs' own map writes that a cache may have seen missing (a new
+ * learned host) bump it too. */
+static __always_inline void bump_generation(void)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&generation, &zero);
+
+	if (g)
+		__sync_fetch_and_add(g, 1);
+}
+
+static __always_inline __u64 current_generation(void)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&generation, &zero);
+
+	return g ? *g : 0;
+}
+
 static __always_inline void count_ul(enum underlay_counter c)
 {
 	__u64 *v = bpf_map_lookup_elem(&underlay_stats, &c);

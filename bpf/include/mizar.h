@@ -49,7 +49,7 @@ struct hop {
 	__u8 ip[4];
 	__u8 mac[6];
 	__u8 pad[2];
-};
+} __attribute__((aligned(4))); /* word access (pkt.h); the layout is the same */
 
 /* endpoints: (vni, ip) -> endpoint. */
 struct endpoint_key {
@@ -88,7 +88,7 @@ struct vpc {
  * from the Droplets in the API). The value is only a presence mark. */
 struct droplet_key {
 	__u8 ip[4];
-};
+} __attribute__((aligned(4))); /* word access (pkt.h); the layout is the same */
 
 /* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
  * the VPC, so it may forward packets of any endpoint of the VPC. Any other
@@ -110,7 +110,7 @@ struct pod_iface {
 struct learned_entry {
 	__u8 host_ip[4];
 	__u32 pad;
-	__u64 expires; /* bpf_ktime_get_ns() after which it is not used */
+	__u64 expires; /* CLOCK_MONOTONIC ns after which it is not used */
 };
 
 /* introduced: (vni, local pod ip, peer host) -> when the pod was last
@@ -128,13 +128,15 @@ struct host_config {
 	__u8 pad[2];
 	__u32 underlay_ifindex;
 	__u64 learn_ns; /* lifetime of a learned entry; 0 = never learn */
+	__u32 mtu;      /* underlay MTU the pods were sized from; 0 = unknown */
+	__u32 pad2;
 };
 
 /* Per-CPU counters of the underlay program; names are read from BTF by Go
  * (lower-cased, prefix dropped). */
 enum underlay_counter {
 	UL_PASS = 0,            /* not Geneve for this host: handed to the kernel */
-	UL_RX,                  /* Geneve to this host's port */
+	UL_RX,                  /* Geneve to this host's port (summed in Go, never counted here) */
 	UL_DELIVER,             /* decapsulated into a local pod */
 	UL_FWD_ENDPOINT,        /* bouncer: sent to the endpoint's host */
 	UL_FWD_SUBNET,          /* divider: sent to a bouncer of the target subnet */

@@ -104,45 +104,38 @@ _Static_assert(sizeof(struct geneve_encap) == ETH_HLEN + GENEVE_OVERHEAD,
 	       "encap header must be the 50-byte Geneve overhead plus outer Ethernet");
 _Static_assert(sizeof(struct geneve_opt_host) == SRC_HOST_OPT_LEN, "sending-host option is 8 bytes");
 
+/* Addresses are byte arrays (see mizar.h) but are read and written as
+ * words: memcpy from a __u8 array compiles to one load per byte. Packets and
+ * map values may be accessed unaligned (the verifier allows it where the CPU
+ * does it at full speed: x86-64, arm64); stack objects holding addresses are
+ * laid out or declared so that these words are aligned, as the verifier
+ * requires there. */
 static __always_inline __u32 load_u32(const __u8 *p)
 {
-	__u32 v;
-
-	__builtin_memcpy(&v, p, 4);
-	return v;
+	return *(const __u32 *)p;
 }
 
 static __always_inline void store_u32(__u8 *p, __u32 v)
 {
-	__builtin_memcpy(p, &v, 4);
+	*(__u32 *)p = v;
 }
 
 static __always_inline void copy_mac(__u8 *dst, const __u8 *src)
 {
-	__builtin_memcpy(dst, src, ETH_ALEN);
+	*(__u32 *)dst = *(const __u32 *)src;
+	*(__u16 *)(dst + 4) = *(const __u16 *)(src + 4);
 }
 
 static __always_inline int mac_is_zero(const __u8 *m)
 {
-	__u32 a;
-	__u16 b;
-
-	__builtin_memcpy(&a, m, 4);
-	__builtin_memcpy(&b, m + 4, 2);
-	return (a | b) == 0;
+	return (*(const __u32 *)m | *(const __u16 *)(m + 4)) == 0;
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 {
 	/* Compared as a 4- and a 2-byte word: one branch, no loop. */
-	__u32 a4, b4;
-	__u16 a2, b2;
-
-	__builtin_memcpy(&a4, a, 4);
-	__builtin_memcpy(&b4, b, 4);
-	__builtin_memcpy(&a2, a + 4, 2);
-	__builtin_memcpy(&b2, b + 4, 2);
-	return ((a4 ^ b4) | (__u32)(a2 ^ b2)) == 0;
+	return ((*(const __u32 *)a ^ *(const __u32 *)b) |
+		(__u32)(*(const __u16 *)(a + 4) ^ *(const __u16 *)(b + 4))) == 0;
 }
 
 /* IPv4 header checksum of a 20-byte header (options are never written). */
@@ -232,7 +225,7 @@ static __always_inline void ipv4_set_ecn(struct iphdr *iph, __u8 ecn)
 	csum_replace16(&iph->check, w, nw);
 }
 
-/* Flow hash: a murmur3-style finaliser over the inner 5-tuple, all fields read
+/* Flow hash: the inner 5-tuple through a murmur3-style finaliser, fields read
  * as big-endian numbers so Go computes the same value (pkg/dataplane flowHash).
  * Fragments and unknown protocols hash without ports so every piece of a
  * datagram takes the same path. */
@@ -248,11 +241,14 @@ static __always_inline __u32 mix32(__u32 h)
 
 static __always_inline __u32 flow_hash(__u32 saddr_be, __u32 daddr_be, __u32 ports, __u8 proto)
 {
-	__u32 h = mix32(bpf_ntohl(saddr_be));
+	/* One multiply by its own odd constant per field, one finaliser: 14
+	 * well-spread bits are all it must give, per packet of every flow. */
+	__u32 h = bpf_ntohl(saddr_be) * 0x9e3779b1;
 
-	h = mix32(h ^ bpf_ntohl(daddr_be));
-	h = mix32(h ^ ports);
-	return mix32(h ^ proto);
+	h ^= bpf_ntohl(daddr_be) * 0x85ebca77;
+	h ^= ports * 0xc2b2ae3d;
+	h ^= (__u32)proto * 0x27d4eb2f;
+	return mix32(h);
 }
 
 /* The 14 bits of flow entropy carried in the outer UDP source port. */

@@ -32,14 +32,153 @@ enum route_via {
 	VIA_UNKNOWN_DST,
 };
 
+/* Where a packet goes next. Ordered so that the addresses are word-aligned
+ * on the stack (pkt.h). */
 struct route {
+	struct hop next; /* RT_REMOTE */
+	__u8 dst_mac[6];
+	__u8 has_mac;   /* dst_mac is the endpoint's MAC */
+	__u8 pad;
 	__u32 kind;     /* enum route_kind */
 	__u32 via;      /* enum route_via */
 	__u32 ifindex;  /* RT_LOCAL: host-side veth of the pod */
-	__u8 has_mac;   /* dst_mac is the endpoint's MAC */
-	__u8 dst_mac[6];
-	struct hop next; /* RT_REMOTE */
 };
+
+/* ul_flows slot: the underlay decision for (vni, outer source, inner source,
+ * inner destination, pick), made at generation gen. Only decisions the
+ * agent's maps alone made are kept (not trust learned from a relay, which
+ * expires on its own). */
+struct ul_flow {
+	__u64 gen;
+	__u32 vni;
+	__u32 osrc;
+	__u32 isrc;
+	__u32 idst;
+	__u32 pick;
+	__u8 from_relay; /* the outer source is a relay of the VPC */
+	__u8 self_relay; /* this host is one */
+	__u8 valid;
+	__u8 pad;
+	__u32 learned;    /* the sender last learned for isrc from this flow */
+	__u64 learned_j;  /* when (jiffies) */
+	struct route r;
+};
+
+/* Jiffies of a tenth of a learned entry's lifetime, counting 10 ms a jiffy
+ * (HZ >= 100): never longer than that, whatever HZ is. bpf_jiffies64 is
+ * inlined, where a clock read is a helper call. */
+#define JIFFY_MAX_NS 10000000ULL
+#define learn_skip_jiffies() (host.learn_ns / 10 / JIFFY_MAX_NS)
+
+/* Per-CPU flow caches: what the hash lookups of a flow's first packet
+ * decided, valid while the generation is unchanged. Array lookups are
+ * inlined by the verifier; a hash lookup is a call chain costing as much as
+ * the rest of a path. Not pinned: a cache dies with its program. */
+#define FLOW_SLOTS 256
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ul_flow);
+} ul_flows SEC(".maps");
+
+/* Per-CPU caches of the pod side and of the droplet check, like ul_flows. */
+struct rt_flow {
+	__u64 gen;
+	__u32 vni;
+	__u32 daddr;
+	__u32 pick;
+	__u32 valid;
+	struct route r;
+	/* Learned path decided for the pod saddr: direct to peer until
+	 * direct_until (jiffies). */
+	__u32 saddr;
+	__u32 peer;
+	__u64 direct_until;
+	__u32 unlearned; /* no live learned host for daddr (a new one bumps gen) */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rt_flow);
+} rt_flows SEC(".maps");
+
+#define IFACE_SLOTS 64
+
+struct pod_seen {
+	__u64 gen;
+	__u32 ifindex;
+	__u32 valid;
+	struct pod_iface cfg;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, IFACE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct pod_seen);
+} pods_seen SEC(".maps");
+
+#define DROPLET_SLOTS 64
+
+struct droplet_seen {
+	__u64 gen;
+	__u32 ip;
+	__u32 valid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROPLET_SLOTS);
+	__type(key, __u32);
+	__type(value, struct droplet_seen);
+} droplets_seen SEC(".maps");
+
+/* Whether ip (network order) is a droplet Geneve is accepted from. */
+static __always_inline int known_droplet(__u32 ip, __u64 gen)
+{
+	__u32 slot = (ip ^ (ip >> 16)) & (DROPLET_SLOTS - 1);
+	struct droplet_seen *s = bpf_map_lookup_elem(&droplets_seen, &slot);
+
+	if (s && s->valid && s->gen == gen && s->ip == ip)
+		return 1;
+
+	struct droplet_key dk __attribute__((aligned(4)));
+
+	store_u32(dk.ip, ip);
+	if (!bpf_map_lookup_elem(&droplets, &dk))
+		return 0;
+	if (s) {
+		s->gen = gen;
+		s->ip = ip;
+		s->valid = 1;
+	}
+	return 1;
+}
+
+/* The description of the pod behind host-side veth ifindex, or NULL. */
+static __always_inline const struct pod_iface *pod_config(__u32 ifindex, __u64 gen)
+{
+	__u32 slot = ifindex & (IFACE_SLOTS - 1);
+	struct pod_seen *s = bpf_map_lookup_elem(&pods_seen, &slot);
+
+	if (s && s->valid && s->gen == gen && s->ifindex == ifindex)
+		return &s->cfg;
+
+	const struct pod_iface *cfg = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+
+	if (!cfg || !s)
+		return cfg;
+	s->gen = gen;
+	s->ifindex = ifindex;
+	s->cfg = *cfg;
+	s->valid = 1;
+	return &s->cfg;
+}
 
 static __always_inline int hops_contain(const struct hop *hops, __u32 n, __u32 ip)
 {
@@ -125,6 +264,32 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 }
 
+/* route_lookup through rt_flows: routes (not drops) are kept until the
+ * generation changes. Returns the flow's slot, or NULL when it has none. */
+static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u32 vni, __u32 daddr,
+							   __u32 pick, __u32 self, __u64 gen)
+{
+	__u32 slot = pick & (FLOW_SLOTS - 1);
+	struct rt_flow *s = bpf_map_lookup_elem(&rt_flows, &slot);
+
+	if (s && s->valid && s->gen == gen && s->vni == vni && s->daddr == daddr && s->pick == pick) {
+		*r = s->r;
+		return s;
+	}
+	route_lookup(r, vni, daddr, pick, self);
+	if (!s || r->kind == RT_DROP)
+		return NULL;
+	s->gen = gen;
+	s->vni = vni;
+	s->daddr = daddr;
+	s->pick = pick;
+	s->r = *r;
+	s->peer = 0;
+	s->unlearned = 0;
+	s->valid = 1;
+	return s;
+}
+
 static __always_inline int is_relay(__u32 vni, __u32 ip)
 {
 	struct endpoint_key k = { .vni = vni };
@@ -134,8 +299,11 @@ static __always_inline int is_relay(__u32 vni, __u32 ip)
 }
 
 /* The host (vni, ip) was learned at, if the entry is alive; 0 otherwise.
- * The clock is read only on a hit (*now, for the caller to reuse). */
-static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
+ * The clock is read only on a hit (*now, for the caller to reuse): the
+ * coarse one unless precise (the introduction delay is shorter than a tick;
+ * a lifetime of seconds does not care about one). */
+static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const int precise,
+					  __u64 *expires)
 {
 	struct endpoint_key k = { .vni = vni };
 
@@ -143,9 +311,11 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
 	struct learned_entry *ln = bpf_map_lookup_elem(&learned, &k);
 	if (!ln)
 		return 0;
-	*now = bpf_ktime_get_ns();
+	*now = precise ? bpf_ktime_get_ns() : bpf_ktime_get_coarse_ns();
 	if (*now >= ln->expires)
 		return 0;
+	if (expires)
+		*expires = ln->expires;
 	return load_u32(ln->host_ip);
 }
 
@@ -155,9 +325,10 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now)
  * droplet only for endpoints it hosts, as the agent says (endpoints) or as a
  * relay taught this host (learned). Returns 0 or the refusal reason as a
  * counter index; *relay tells whether osrc is a relay. */
-static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *relay)
+static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *relay, int *learned_trust)
 {
 	*relay = is_relay(vni, osrc);
+	*learned_trust = 0;
 	if (*relay)
 		return 0;
 
@@ -172,9 +343,10 @@ static __always_inline int src_refusal(__u32 vni, __u32 osrc, __u32 isrc, int *r
 		return 0;
 	}
 	__u64 now;
-	__u32 h = learned_host(vni, isrc, &now);
+	__u32 h = learned_host(vni, isrc, &now, 0, NULL);
 
 	if (!h)
 		return UL_DROP_SRC_UNKNOWN;
+	*learned_trust = 1;
 	return h == osrc ? 0 : UL_DROP_SRC_SPOOFED;
 }

@@ -15,6 +15,12 @@
 // their IP, untagged. Hops without a MAC are reached through the kernel FIB,
 // so droplets may sit on different L3 subnets.
 //
+// A flow's first packet is decided from the hash and LPM maps; the programs
+// keep that decision in small per-CPU caches (inlined array lookups, where a
+// hash lookup is a chain of calls costing as much as the rest of a path).
+// Every map write through this package bumps a generation that empties them
+// all at once, so a change takes effect from the next packet, as before.
+//
 // All maps and link pins live under a pin root on bpffs (DefaultPinRoot in
 // production, a private directory in tests), so a restarted agent calls Load
 // and the Attach methods again and traffic keeps flowing: maps are reused
@@ -92,6 +98,10 @@ type Options struct {
 	// learning off: traffic the agent names no host for always goes
 	// through a relay.
 	LearnLifetime time.Duration
+	// UnderlayMTU is the underlay MTU the pods were sized from (PodMTU), if
+	// known: packets that fit it need no bpf_check_mtu call. 0 means ask the
+	// kernel for every packet that is not GSO.
+	UnderlayMTU int
 }
 
 // DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
@@ -113,7 +123,8 @@ type Datapath struct {
 	// replaced by empty ones.
 	replaced []string
 
-	mu sync.Mutex // serialises link pin changes
+	mu    sync.Mutex // serialises link pin changes
+	genMu sync.Mutex // serialises generation bumps (invalidate)
 }
 
 // Load loads the programs with this host's identity and opens (or creates)
@@ -139,6 +150,7 @@ func Load(opts Options) (*Datapath, error) {
 	host := mizarHostConfig{
 		Ip:              opts.HostIP.Unmap().As4(),
 		UnderlayIfindex: uint32(opts.UnderlayIfindex),
+		Mtu:             uint32(max(opts.UnderlayMTU, 0)),
 	}
 	switch {
 	case opts.LearnLifetime == 0:

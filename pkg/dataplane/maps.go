@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -86,7 +87,8 @@ type PodInterface struct {
 }
 
 // UpsertEndpoint adds or replaces an endpoint.
-func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
+func (d *Datapath) UpsertEndpoint(ep Endpoint) (err error) {
+	defer d.invalidate(&err)
 	k, err := endpointKey(ep.VNI, ep.IP)
 	if err != nil {
 		return fmt.Errorf("endpoint: %w", err)
@@ -117,7 +119,8 @@ func (d *Datapath) UpsertEndpoint(ep Endpoint) error {
 }
 
 // DeleteEndpoint removes an endpoint; a missing one is not an error.
-func (d *Datapath) DeleteEndpoint(vni uint32, ip netip.Addr) error {
+func (d *Datapath) DeleteEndpoint(vni uint32, ip netip.Addr) (err error) {
+	defer d.invalidate(&err)
 	k, err := endpointKey(vni, ip)
 	if err != nil {
 		return fmt.Errorf("endpoint: %w", err)
@@ -159,7 +162,8 @@ func (d *Datapath) Endpoints() ([]Endpoint, error) {
 
 // UpsertSubnet adds or replaces a subnet and its bouncers. A subnet with no
 // bouncers is allowed (its traffic is dropped as unknown until it has some).
-func (d *Datapath) UpsertSubnet(s Subnet) error {
+func (d *Datapath) UpsertSubnet(s Subnet) (err error) {
+	defer d.invalidate(&err)
 	k, err := subnetKey(s.VNI, s.Prefix)
 	if err != nil {
 		return fmt.Errorf("subnet: %w", err)
@@ -175,7 +179,8 @@ func (d *Datapath) UpsertSubnet(s Subnet) error {
 }
 
 // DeleteSubnet removes a subnet; a missing one is not an error.
-func (d *Datapath) DeleteSubnet(vni uint32, prefix netip.Prefix) error {
+func (d *Datapath) DeleteSubnet(vni uint32, prefix netip.Prefix) (err error) {
+	defer d.invalidate(&err)
 	k, err := subnetKey(vni, prefix)
 	if err != nil {
 		return fmt.Errorf("subnet: %w", err)
@@ -205,12 +210,12 @@ func (d *Datapath) Subnets() ([]Subnet, error) {
 }
 
 // UpsertVPC adds or replaces a VPC and its dividers.
-func (d *Datapath) UpsertVPC(vpc VPC) error {
+func (d *Datapath) UpsertVPC(vpc VPC) (err error) {
+	defer d.invalidate(&err)
 	if err := checkVNI(vpc.VNI); err != nil {
 		return fmt.Errorf("vpc: %w", err)
 	}
 	var v mizarVpc
-	var err error
 	if v.Ndividers, err = hops(&v.Dividers, vpc.Dividers); err != nil {
 		return fmt.Errorf("vpc %d dividers: %w", vpc.VNI, err)
 	}
@@ -221,7 +226,8 @@ func (d *Datapath) UpsertVPC(vpc VPC) error {
 }
 
 // DeleteVPC removes a VPC; a missing one is not an error.
-func (d *Datapath) DeleteVPC(vni uint32) error {
+func (d *Datapath) DeleteVPC(vni uint32) (err error) {
+	defer d.invalidate(&err)
 	if err := checkVNI(vni); err != nil {
 		return fmt.Errorf("vpc: %w", err)
 	}
@@ -247,7 +253,8 @@ func (d *Datapath) VPCs() ([]VPC, error) {
 
 // UpsertPodInterface describes the pod behind a host-side veth. Do it before
 // AttachPod: the program drops everything from an undescribed interface.
-func (d *Datapath) UpsertPodInterface(p PodInterface) error {
+func (d *Datapath) UpsertPodInterface(p PodInterface) (err error) {
+	defer d.invalidate(&err)
 	if p.Ifindex <= 0 {
 		return fmt.Errorf("pod interface: ifindex %d must be > 0", p.Ifindex)
 	}
@@ -255,7 +262,6 @@ func (d *Datapath) UpsertPodInterface(p PodInterface) error {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
 	}
 	v := mizarPodIface{Vni: p.VNI}
-	var err error
 	if v.Ip, err = ipv4("pod IP", p.IP); err != nil {
 		return fmt.Errorf("pod interface %d: %w", p.Ifindex, err)
 	}
@@ -289,7 +295,8 @@ func (d *Datapath) UpsertPodInterface(p PodInterface) error {
 
 // DeletePodInterface removes a pod interface's description; a missing one is
 // not an error.
-func (d *Datapath) DeletePodInterface(ifindex int) error {
+func (d *Datapath) DeletePodInterface(ifindex int) (err error) {
+	defer d.invalidate(&err)
 	if ifindex <= 0 {
 		return fmt.Errorf("pod interface: ifindex %d must be > 0", ifindex)
 	}
@@ -335,11 +342,26 @@ func (d *Datapath) Counters() (Counters, error) {
 	if err != nil {
 		return Counters{}, fmt.Errorf("underlay counters: %w", err)
 	}
+	ul["rx"] = underlayRx(ul)
 	pod, err := sumPerCPU(d.objs.PodStats, d.podNames)
 	if err != nil {
 		return Counters{}, fmt.Errorf("pod counters: %w", err)
 	}
 	return Counters{Underlay: ul, Pod: pod}, nil
+}
+
+// underlayRx is the Geneve this host's port received: every packet the
+// underlay program did not pass ends in exactly one verdict counter (deliver,
+// fwd_*, drop_*), so rx is their sum rather than one more count per packet.
+// learn, stamp and rebounce come on top of a verdict.
+func underlayRx(ul map[string]uint64) uint64 {
+	var rx uint64
+	for name, v := range ul {
+		if name == "deliver" || strings.HasPrefix(name, "fwd_") || strings.HasPrefix(name, "drop_") {
+			rx += v
+		}
+	}
+	return rx
 }
 
 func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
@@ -356,6 +378,30 @@ func sumPerCPU(m *ebpf.Map, names []string) (map[string]uint64, error) {
 		out[name] = sum
 	}
 	return out, nil
+}
+
+// invalidate bumps the maps' generation after a change, which empties the
+// programs' per-CPU flow caches (bpf/include/route.h): a flow's next packet
+// is decided from the maps again. Called after every write, failed or not;
+// its own failure is the caller's error, since stale caches would keep
+// sending a flow where the maps no longer say.
+func (d *Datapath) invalidate(errp *error) {
+	d.genMu.Lock()
+	defer d.genMu.Unlock()
+	var gen uint64
+	err := d.objs.Generation.Lookup(uint32(0), &gen)
+	if err == nil {
+		// The clock rather than gen+1 alone: two agents sharing the pins
+		// (a restart's overlap) never write the same next value.
+		next := uint64(time.Now().UnixNano())
+		if next <= gen {
+			next = gen + 1
+		}
+		err = d.objs.Generation.Update(uint32(0), next, ebpf.UpdateAny)
+	}
+	if err != nil && *errp == nil {
+		*errp = fmt.Errorf("invalidate the flow caches: %w", err)
+	}
 }
 
 func deleteKey(m *ebpf.Map, key any, what string) error {
@@ -466,7 +512,8 @@ func fromHops(src []mizarHop, n uint32) []Hop {
 
 // UpsertDroplet makes a host on the underlay known: Geneve is accepted only
 // from droplets. Adding one that is known is not an error.
-func (d *Datapath) UpsertDroplet(ip netip.Addr) error {
+func (d *Datapath) UpsertDroplet(ip netip.Addr) (err error) {
+	defer d.invalidate(&err)
 	k, err := dropletKey(ip)
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
@@ -480,7 +527,8 @@ func (d *Datapath) UpsertDroplet(ip netip.Addr) error {
 // DeleteDroplet forgets a droplet; a missing one is not an error. Its relay
 // roles (SetRelays) stay until they are replaced, but are unused while the
 // droplet is unknown.
-func (d *Datapath) DeleteDroplet(ip netip.Addr) error {
+func (d *Datapath) DeleteDroplet(ip netip.Addr) (err error) {
+	defer d.invalidate(&err)
 	k, err := dropletKey(ip)
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
@@ -510,7 +558,8 @@ func (d *Datapath) Droplets() ([]netip.Addr, error) {
 // VPC; every other droplet is trusted only with the endpoints it hosts (the
 // endpoints map must say so: an inner source this host does not know is
 // refused unless a relay brings it). An empty list removes them all.
-func (d *Datapath) SetRelays(vni uint32, ips []netip.Addr) error {
+func (d *Datapath) SetRelays(vni uint32, ips []netip.Addr) (err error) {
+	defer d.invalidate(&err)
 	if err := checkVNI(vni); err != nil {
 		return fmt.Errorf("relays: %w", err)
 	}
@@ -597,7 +646,7 @@ func (d *Datapath) Learned() ([]LearnedEndpoint, error) {
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return nil, fmt.Errorf("read the monotonic clock: %w", err)
 	}
-	now := ts.Nano() // bpf_ktime_get_ns is CLOCK_MONOTONIC
+	now := ts.Nano() // the programs' clocks (coarse or not) are CLOCK_MONOTONIC
 	var (
 		k   mizarEndpointKey
 		v   mizarLearnedEntry
@@ -618,7 +667,8 @@ func (d *Datapath) Learned() ([]LearnedEndpoint, error) {
 // when an endpoint is deleted or moves, so no packet is sent to its old host.
 // UpsertEndpoint and DeleteEndpoint do it too. A missing entry is not an
 // error.
-func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) error {
+func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) (err error) {
+	defer d.invalidate(&err)
 	k, err := endpointKey(vni, ip)
 	if err != nil {
 		return fmt.Errorf("learned endpoint: %w", err)

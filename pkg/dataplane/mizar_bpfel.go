@@ -18,6 +18,13 @@ type mizarDropletKey struct {
 	Ip [4]uint8
 }
 
+type mizarDropletSeen struct {
+	_     structs.HostLayout
+	Gen   uint64
+	Ip    uint32
+	Valid uint32
+}
+
 type mizarEndpoint struct {
 	_       structs.HostLayout
 	HostIp  [4]uint8
@@ -46,6 +53,8 @@ type mizarHostConfig struct {
 	Pad             [2]uint8
 	UnderlayIfindex uint32
 	LearnNs         uint64
+	Mtu             uint32
+	Pad2            uint32
 }
 
 type mizarIntroKey struct {
@@ -101,6 +110,38 @@ type mizarPodIface struct {
 	SubnetLen uint32
 }
 
+type mizarPodSeen struct {
+	_       structs.HostLayout
+	Gen     uint64
+	Ifindex uint32
+	Valid   uint32
+	Cfg     mizarPodIface
+}
+
+type mizarRtFlow struct {
+	_     structs.HostLayout
+	Gen   uint64
+	Vni   uint32
+	Daddr uint32
+	Pick  uint32
+	Valid uint32
+	R     struct {
+		_       structs.HostLayout
+		Next    mizarHop
+		DstMac  [6]uint8
+		HasMac  uint8
+		Pad     uint8
+		Kind    uint32
+		Via     uint32
+		Ifindex uint32
+	}
+	Saddr       uint32
+	Peer        uint32
+	DirectUntil uint64
+	Unlearned   uint32
+	Pad         uint32
+}
+
 type mizarSubnet struct {
 	_         structs.HostLayout
 	Nbouncers uint32
@@ -112,6 +153,33 @@ type mizarSubnetKey struct {
 	Prefixlen uint32
 	Vni       uint32
 	Ip        [4]uint8
+}
+
+type mizarUlFlow struct {
+	_         structs.HostLayout
+	Gen       uint64
+	Vni       uint32
+	Osrc      uint32
+	Isrc      uint32
+	Idst      uint32
+	Pick      uint32
+	FromRelay uint8
+	SelfRelay uint8
+	Valid     uint8
+	Pad       uint8
+	Learned   uint32
+	_         [4]byte
+	LearnedJ  uint64
+	R         struct {
+		_       structs.HostLayout
+		Next    mizarHop
+		DstMac  [6]uint8
+		HasMac  uint8
+		Pad     uint8
+		Kind    uint32
+		Via     uint32
+		Ifindex uint32
+	}
 }
 
 type mizarUnderlayCounter uint32
@@ -157,14 +225,19 @@ type mizarVpc struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	mizarMapDroplets       = "droplets"
+	mizarMapDropletsSeen   = "droplets_seen"
 	mizarMapEndpoints      = "endpoints"
+	mizarMapGeneration     = "generation"
 	mizarMapHostAddrs      = "host_addrs"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
+	mizarMapPodsSeen       = "pods_seen"
 	mizarMapRelays         = "relays"
+	mizarMapRtFlows        = "rt_flows"
 	mizarMapSubnets        = "subnets"
+	mizarMapUlFlows        = "ul_flows"
 	mizarMapUnderlayStats  = "underlay_stats"
 	mizarMapVpcs           = "vpcs"
 	mizarProgMizarPod      = "mizar_pod"
@@ -223,14 +296,19 @@ type mizarProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
+	DropletsSeen  *ebpf.MapSpec `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
+	Generation    *ebpf.MapSpec `ebpf:"generation"`
 	HostAddrs     *ebpf.MapSpec `ebpf:"host_addrs"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
+	PodsSeen      *ebpf.MapSpec `ebpf:"pods_seen"`
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
+	RtFlows       *ebpf.MapSpec `ebpf:"rt_flows"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
+	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.MapSpec `ebpf:"vpcs"`
 }
@@ -263,14 +341,19 @@ func (o *mizarObjects) Close() error {
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
 	Droplets      *ebpf.Map `ebpf:"droplets"`
+	DropletsSeen  *ebpf.Map `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
+	Generation    *ebpf.Map `ebpf:"generation"`
 	HostAddrs     *ebpf.Map `ebpf:"host_addrs"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
+	PodsSeen      *ebpf.Map `ebpf:"pods_seen"`
 	Relays        *ebpf.Map `ebpf:"relays"`
+	RtFlows       *ebpf.Map `ebpf:"rt_flows"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
+	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.Map `ebpf:"vpcs"`
 }
@@ -278,14 +361,19 @@ type mizarMaps struct {
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
 		m.Droplets,
+		m.DropletsSeen,
 		m.Endpoints,
+		m.Generation,
 		m.HostAddrs,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,
 		m.PodStats,
+		m.PodsSeen,
 		m.Relays,
+		m.RtFlows,
 		m.Subnets,
+		m.UlFlows,
 		m.UnderlayStats,
 		m.Vpcs,
 	)

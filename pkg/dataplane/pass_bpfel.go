@@ -16,9 +16,10 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	passProgMizarTcPass  = "mizar_tc_pass"
-	passProgMizarXdpPass = "mizar_xdp_pass"
-	passProgMizarXdpTx   = "mizar_xdp_tx"
+	passProgMizarTcEncapFloor = "mizar_tc_encap_floor"
+	passProgMizarTcPass       = "mizar_tc_pass"
+	passProgMizarXdpPass      = "mizar_xdp_pass"
+	passProgMizarXdpTx        = "mizar_xdp_tx"
 )
 
 // loadPass returns the embedded CollectionSpec for pass.
@@ -63,9 +64,10 @@ type passSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type passProgramSpecs struct {
-	MizarTcPass  *ebpf.ProgramSpec `ebpf:"mizar_tc_pass"`
-	MizarXdpPass *ebpf.ProgramSpec `ebpf:"mizar_xdp_pass"`
-	MizarXdpTx   *ebpf.ProgramSpec `ebpf:"mizar_xdp_tx"`
+	MizarTcEncapFloor *ebpf.ProgramSpec `ebpf:"mizar_tc_encap_floor"`
+	MizarTcPass       *ebpf.ProgramSpec `ebpf:"mizar_tc_pass"`
+	MizarXdpPass      *ebpf.ProgramSpec `ebpf:"mizar_xdp_pass"`
+	MizarXdpTx        *ebpf.ProgramSpec `ebpf:"mizar_xdp_tx"`
 }
 
 // passMapSpecs contains maps before they are loaded into the kernel.
@@ -116,13 +118,15 @@ type passVariables struct {
 //
 // It can be passed to loadPassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type passPrograms struct {
-	MizarTcPass  *ebpf.Program `ebpf:"mizar_tc_pass"`
-	MizarXdpPass *ebpf.Program `ebpf:"mizar_xdp_pass"`
-	MizarXdpTx   *ebpf.Program `ebpf:"mizar_xdp_tx"`
+	MizarTcEncapFloor *ebpf.Program `ebpf:"mizar_tc_encap_floor"`
+	MizarTcPass       *ebpf.Program `ebpf:"mizar_tc_pass"`
+	MizarXdpPass      *ebpf.Program `ebpf:"mizar_xdp_pass"`
+	MizarXdpTx        *ebpf.Program `ebpf:"mizar_xdp_tx"`
 }
 
 func (p *passPrograms) Close() error {
 	return _PassClose(
+		p.MizarTcEncapFloor,
 		p.MizarTcPass,
 		p.MizarXdpPass,
 		p.MizarXdpTx,

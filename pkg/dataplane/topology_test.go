@@ -474,7 +474,8 @@ func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
 	h.ns.do(tb, func() error {
-		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn})
+		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn,
+			UnderlayMTU: underlayMTU})
 		if err != nil {
 			return err
 		}

@@ -90,7 +90,8 @@ var (
 func loadTest(tb testing.TB) *Datapath {
 	tb.Helper()
 	requireRoot(tb)
-	d, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC})
+	// Loopback's MTU is 64 KB: 1500 is a true lower bound of it.
+	d, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC, UnderlayMTU: 1500})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -332,10 +333,11 @@ func mix32(h uint32) uint32 {
 
 func flowHash(src, dst netip.Addr, ports uint32, proto uint8) uint32 {
 	s, d := src.As4(), dst.As4()
-	h := mix32(binary.BigEndian.Uint32(s[:]))
-	h = mix32(h ^ binary.BigEndian.Uint32(d[:]))
-	h = mix32(h ^ ports)
-	return mix32(h ^ uint32(proto))
+	h := binary.BigEndian.Uint32(s[:]) * 0x9e3779b1
+	h ^= binary.BigEndian.Uint32(d[:]) * 0x85ebca77
+	h ^= ports * 0xc2b2ae3d
+	h ^= uint32(proto) * 0x27d4eb2f
+	return mix32(h)
 }
 
 func flowSport(h uint32) uint16 { return 0xC000 | uint16(h&0x3FFF) }

@@ -182,7 +182,8 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if o.XDPGeneric {
 		mode = dataplane.XDPGeneric
 	}
-	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode})
+	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
+		UnderlayMTU: u.MTU})
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,11 @@ func (s *CNIServer) place(ctx context.Context, conf *cni.NetConf, namespace, pod
 
 	subnet, err := s.subnet(ctx, p.subnet)
 	if apierrors.IsNotFound(err) {
-		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q named by %s does not exist: create it or fix the %s", p.subnet, p.subnetFrom, what(p.subnetFrom)), nil)
+		fix := "conflist"
+		if ann[AnnotationSubnet] != "" {
+			fix = "pod's annotation"
+		}
+		return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: subnet %q named by %s does not exist: create it or fix the %s", p.subnet, p.subnetFrom, fix), nil)
 	}
 	if err != nil {
 		return nil, cniErr(cni.CodeAPI, "mizar: reading subnet "+p.subnet+" from mizar-apiserver failed", err)
@@ -72,13 +76,6 @@ func (s *CNIServer) place(ctx context.Context, conf *cni.NetConf, namespace, pod
 	}
 	p.subnetObj, p.vpcObj = subnet, vpc
 	return p, nil
-}
-
-func what(from string) string {
-	if from[0] == 'a' {
-		return "pod's annotation"
-	}
-	return "conflist"
 }
 
 // subnet and vpc read from the informers' caches (VPCs and subnets are few
