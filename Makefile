@@ -1,4 +1,5 @@
-# mizar: `make up` brings a standalone mizar-apiserver up and shows it working;
+# mizar: `make up` brings a local mizar cluster up (as root; else a standalone
+# mizar-apiserver) and shows it working;
 # `make test` runs every test (root is needed for the dataplane's BPF and netns tests).
 
 # bash with pipefail, so a failing command piped through a filter still fails the target.
@@ -14,12 +15,13 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker e2e-broker cluster-up cluster-down
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker e2e-broker cluster-up cluster-down e2e
 
 all: build
 
 # The CNI plugin is built as _output/bin/cni/mizar: runtimes look it up in
-# CNI_PATH by its conflist "type".
+# CNI_PATH by its conflist "type". cnitool (the version go.mod pins) drives it
+# in `make up`'s local cluster.
 # -v names each package as it compiles (cached ones are silent): a cold build
 # shows a running count instead of minutes of silence; errors pass through.
 build:
@@ -28,6 +30,7 @@ build:
 	$(GO) build -v -o $(BIN)/mizar-apiserver ./cmd/apiserver 2>&1 | hack/build-progress.sh
 	$(GO) build -o $(BIN)/mizar-nodeagent ./cmd/nodeagent
 	$(GO) build -o $(BIN)/cni/mizar ./cmd/cni
+	$(GO) build -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
 
 # Debian packages the tests need (clang-19 for the BPF staleness check,
 # iproute2/iperf3/tshark/... for the netns tests). Idempotent.
@@ -52,6 +55,8 @@ kube-binaries:
 e2e-aggregated: kube-binaries build
 	$(GO) test -count=1 -v ./test/aggregated
 
+# As root: a 3-node local cluster (netns nodes, real agents, pods added with
+# cnitool; MIZAR_NODES sets the count); otherwise the standalone apiserver.
 # kubectl first: the one on PATH when it is >= 1.30, else the pinned one built
 # from the module proxy into $(MIZAR_CACHE) (minutes the first time, then cached).
 up: kubectl build
@@ -119,13 +124,13 @@ e2e-broker: kube-binaries build
 bench-cni:
 	$(GO) test ./pkg/nodeagent -run '^$$' -bench CNIAdd -benchtime 1x -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
 
-# A local multi-node cluster (netns nodes on a bridge, real agents, pods added
-# with cnitool); needs root. MIZAR_NODES sets the node count (3).
-cluster-up: kubectl build
-	$(GO) build -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
-	hack/cluster-up.sh
+# The pod network end to end: 3 netns nodes with real agents, pods through
+# cnitool and libcni (needs root; also part of `make test`).
+e2e: build
+	$(GO) test -count=1 -v ./test/podnet
 
-cluster-down:
-	hack/cluster-down.sh
+# `make up` as root is the local multi-node cluster; these names stay as aliases.
+cluster-up: up
+cluster-down: down
 
 include hack/dataplane.mk

@@ -7,6 +7,7 @@ packages=(
   clang-19 llvm-19 libbpf-dev   # bpf/ programs (bpf2go); bookworm's default clang is 14
   iproute2 ethtool iperf3 tcpdump tshark bpftool  # dataplane tests and benchmarks
   iputils-ping                  # ping between pods in the dataplane netns test
+  jq                            # make up reads cnitool's results
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
 )
 

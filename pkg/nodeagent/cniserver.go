@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -57,6 +58,20 @@ type PodDataplane interface {
 // AttachmentLabel marks the endpoints the CNI server created with their
 // attachment's hash, so DEL and GC find them without the pod's name.
 const AttachmentLabel = "cni.mizar.dev/attachment"
+
+// NetworkLabel marks them with their CNI network, so GC of one network (the
+// runtime sends one GC per network) never removes another's attachments.
+const NetworkLabel = "cni.mizar.dev/network"
+
+// networkLabel is a network name as a label value: the name itself when it is
+// one, else a hash of it.
+func networkLabel(name string) string {
+	if len(validation.IsValidLabelValue(name)) == 0 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "h-" + hex.EncodeToString(sum[:])[:32]
+}
 
 // CNIOptions configure the CNI server.
 type CNIOptions struct {
@@ -182,6 +197,7 @@ type attachment struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
 	Netns       string `json:"netns,omitempty"`
+	Network     string `json:"network,omitempty"` // the conflist's name
 	Namespace   string `json:"namespace"`
 	Endpoint    string `json:"endpoint"`
 	HostIf      string `json:"hostIf"`
@@ -362,7 +378,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	}
 	defer host.Close()
 
-	st := &attachment{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns, Namespace: namespace, Endpoint: epName, HostIf: hostIf}
+	st := &attachment{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns, Network: conf.Name, Namespace: namespace, Endpoint: epName, HostIf: hostIf}
 	if err := s.writeState(id, st); err != nil {
 		return nil, cniErr(types.ErrIOFailure, "mizar-nodeagent: recording the attachment failed", err)
 	}
@@ -407,7 +423,7 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	cc := make(chan created, 1)
 	go func() {
 		ep, err := api.Endpoints(namespace).Create(ctx, &v1alpha1.Endpoint{
-			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id}},
+			ObjectMeta: metav1.ObjectMeta{Name: epName, Namespace: namespace, Labels: map[string]string{AttachmentLabel: id, NetworkLabel: networkLabel(conf.Name)}},
 			Spec:       v1alpha1.EndpointSpec{Subnet: subnet.Name, Pod: pod, Droplet: s.o.Droplet, Interface: r.IfName, MAC: podMAC.String()},
 		}, metav1.CreateOptions{FieldManager: fieldManager})
 		cc <- created{ep, err}
@@ -744,9 +760,10 @@ func (s *CNIServer) check(ctx context.Context, r *cni.Request) *types.Error {
 	return nil
 }
 
-// gc implements GC: every attachment this agent recorded, and every endpoint
-// on this droplet the CNI server made, that is not in
-// cni.dev/valid-attachments goes. It keeps going past errors.
+// gc implements GC for one network: every attachment of that network this
+// agent recorded, and every endpoint of it on this droplet the CNI server
+// made, that is not in cni.dev/valid-attachments goes. Attachments of other
+// networks are not this GC's to judge. It keeps going past errors.
 func (s *CNIServer) gc(ctx context.Context, r *cni.Request) *types.Error {
 	conf, cerr := cni.ParseConf(r.Config)
 	if cerr != nil {
@@ -768,7 +785,7 @@ func (s *CNIServer) gc(ctx context.Context, r *cni.Request) *types.Error {
 		}
 		unlock := s.lock(id)
 		st, err := s.readState(id)
-		if err == nil {
+		if err == nil && st.Network == conf.Name {
 			err = s.teardown(ctx, id, st)
 		}
 		unlock()
@@ -777,9 +794,10 @@ func (s *CNIServer) gc(ctx context.Context, r *cni.Request) *types.Error {
 		}
 	}
 	l, err := s.o.Client.NetworkingV1alpha1().Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		LabelSelector: AttachmentLabel, FieldSelector: fields.OneTermEqualSelector("spec.droplet", s.o.Droplet).String()})
+		LabelSelector: labels.SelectorFromSet(labels.Set{NetworkLabel: networkLabel(conf.Name)}).String() + "," + AttachmentLabel,
+		FieldSelector: fields.OneTermEqualSelector("spec.droplet", s.o.Droplet).String()})
 	if err != nil {
-		errs = append(errs, fmt.Errorf("list this droplet's endpoints: %w", err))
+		errs = append(errs, fmt.Errorf("list this droplet's endpoints of network %q: %w", conf.Name, err))
 	} else {
 		for _, ep := range l.Items {
 			id := ep.Labels[AttachmentLabel]

@@ -364,10 +364,27 @@ func TestCNIFailedAddLeavesNothing(t *testing.T) {
 			t.Fatalf("ADD: %v", err)
 		}
 	}
+	// An attachment of another network on the same node: that network's
+	// GC, not this one's, decides about it.
+	otherNet, err := libcni.ConfListFromBytes([]byte(strings.Replace(string(l.Bytes), `"name": "mizar-`, `"name": "other-`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, otherH := e.pod("othernet")
+	if _, err := e.cni.AddNetworkList(ctx, otherNet, other); err != nil {
+		t.Fatalf("ADD on the other network: %v", err)
+	}
 	if err := e.cni.GCNetworkList(ctx, l, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: keep.ContainerID, IfName: keep.IfName}}}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	e.nothingLeft(gone, goneH)
+	if err := e.cni.CheckNetworkList(ctx, otherNet, other); err != nil {
+		t.Errorf("GC of network %s removed an attachment of network %s: CHECK says %v", l.Name, otherNet.Name, err)
+	}
+	if err := e.cni.GCNetworkList(ctx, otherNet, &libcni.GCArgs{}); err != nil {
+		t.Fatalf("GC of the other network: %v", err)
+	}
+	e.nothingLeft(other, otherH)
 	if err := e.cni.CheckNetworkList(ctx, l, keep); err != nil {
 		t.Errorf("CHECK of the attachment GC kept: %v", err)
 	}

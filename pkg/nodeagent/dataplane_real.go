@@ -211,6 +211,8 @@ func (d *Datapath) syncTopology() error {
 	}
 
 	relays := map[uint32][]netip.Addr{}
+	dividers := map[uint32][]dataplane.Hop{}
+	selfRelay := map[uint32]bool{} // this droplet is a divider or bouncer of the VNI's VPC
 	vpcs, _ := d.vpcs.List(labels.Everything())
 	divs, _ := d.dividers.List(labels.Everything())
 	for _, v := range vpcs {
@@ -223,8 +225,10 @@ func (d *Datapath) syncTopology() error {
 			if h, ok := d.hop(dv.Spec.Droplet); ok && dv.Spec.VPC == v.Name && len(entry.Dividers) < dataplane.MaxHops {
 				entry.Dividers = append(entry.Dividers, h)
 				relays[vni] = append(relays[vni], h.IP)
+				selfRelay[vni] = selfRelay[vni] || dv.Spec.Droplet == d.droplet
 			}
 		}
+		dividers[vni] = entry.Dividers
 		if err := d.dp.UpsertVPC(entry); err != nil {
 			errs = append(errs, err)
 		}
@@ -235,6 +239,7 @@ func (d *Datapath) syncTopology() error {
 	subs, _ := d.subnets.List(labels.Everything())
 	bns, _ := d.bouncers.List(labels.Everything())
 	want := map[subnetID]bool{}
+	var entries []dataplane.Subnet
 	for _, s := range subs {
 		vni, ok := d.vni(s.Spec.VPC)
 		p, err := netip.ParsePrefix(s.Spec.CIDR)
@@ -246,12 +251,26 @@ func (d *Datapath) syncTopology() error {
 			if h, ok := d.hop(b.Spec.Droplet); ok && b.Spec.Subnet == s.Name && len(entry.Bouncers) < dataplane.MaxHops {
 				entry.Bouncers = append(entry.Bouncers, h)
 				relays[vni] = append(relays[vni], h.IP)
+				selfRelay[vni] = selfRelay[vni] || b.Spec.Droplet == d.droplet
 			}
+		}
+		entries = append(entries, entry)
+	}
+	for _, entry := range entries {
+		// A bouncer trusts inner sources of its own subnet only (it holds
+		// just those endpoints), so a droplet that is no relay of the VPC
+		// could not reach another subnet through its bouncers. Such a
+		// droplet sends every subnet's traffic through the VPC's dividers
+		// instead: they hold every endpoint of the VPC and forward straight
+		// to the destination's host, the same one relay hop. Relays are
+		// trusted VPC-wide and keep the bouncers.
+		if !selfRelay[entry.VNI] && len(dividers[entry.VNI]) > 0 {
+			entry.Bouncers = dividers[entry.VNI]
 		}
 		if err := d.dp.UpsertSubnet(entry); err != nil {
 			errs = append(errs, err)
 		}
-		want[subnetID{vni, entry.Prefix}] = true
+		want[subnetID{entry.VNI, entry.Prefix}] = true
 	}
 	for s := range d.subs {
 		if !want[s] {

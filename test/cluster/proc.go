@@ -86,3 +86,12 @@ func (p *Proc) Stop() error {
 
 // ErrKilled says a process did not exit on SIGTERM in time and was killed.
 var ErrKilled = errors.New("killed")
+
+// Kill sends SIGKILL (no cleanup in the process) and waits for it to end.
+func (p *Proc) Kill() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
