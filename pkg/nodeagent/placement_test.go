@@ -3,7 +3,6 @@ package nodeagent
 import (
 	"context"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 
@@ -15,7 +14,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
-	kubebins "mizar.dev/test/cluster"
 	"mizar.dev/test/workloadcluster"
 )
 
@@ -23,25 +21,7 @@ import (
 // an admin client.
 func startKube(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	bins, err := kubebins.Binaries("kube-apiserver")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	c, err := workloadcluster.Start(context.Background(), workloadcluster.Options{Dir: t.TempDir(), KubeAPIServer: bins["kube-apiserver"]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(c.Logs(40))
-		}
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := workloadcluster.StartAPIServer(t)
 	kc, err := kubernetes.NewForConfig(c.Admin)
 	if err != nil {
 		t.Fatal(err)

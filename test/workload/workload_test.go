@@ -7,7 +7,6 @@ package workload
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -35,25 +34,7 @@ import (
 // startWorkloadCluster runs etcd and kube-apiserver (test/workloadcluster);
 // it returns an admin config.
 func startWorkloadCluster(t *testing.T) *rest.Config {
-	bins, err := cluster.Binaries("kube-apiserver")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	c, err := workloadcluster.Start(context.Background(), workloadcluster.Options{Dir: t.TempDir(), KubeAPIServer: bins["kube-apiserver"]})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(c.Logs(40))
-		}
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := workloadcluster.StartAPIServer(t)
 	return c.Admin
 }
 
