@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"mizar.dev/test/ci"
 )
 
 // Verdicts, from the uapi headers.
@@ -41,13 +42,7 @@ func verdictName(prog *ebpf.Program, v uint32) string {
 // it fails.
 func requireRoot(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		const why = "needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN): loads BPF programs and creates network namespaces"
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(why + "; CI=true, so this fails instead of skipping")
-		}
-		tb.Skip(why)
-	}
+	ci.RequireRoot(tb, "loads BPF programs and creates network namespaces (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)")
 }
 
 func randSuffix(tb testing.TB) string {

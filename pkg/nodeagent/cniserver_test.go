@@ -29,17 +29,12 @@ import (
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/cni"
 	"mizar.dev/pkg/dataplane"
+	"mizar.dev/test/ci"
 )
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		const why = "needs root: creates network namespaces, veths and BPF attachments"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why + "; CI=true, so this fails instead of skipping")
-		}
-		t.Skip(why)
-	}
+	ci.RequireRoot(t, "creates network namespaces, veths and BPF attachments")
 }
 
 func suffix(t testing.TB) string {

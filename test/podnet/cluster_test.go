@@ -23,19 +23,14 @@ import (
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/dataplane"
 	"mizar.dev/pkg/generated/clientset/versioned"
+	"mizar.dev/test/ci"
 	"mizar.dev/test/cluster"
 )
 
 // requireRoot skips without root, and fails instead under CI=true.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		const why = "needs root: network namespaces, veths, XDP and TC programs"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why + "; CI=true, so this fails instead of skipping")
-		}
-		t.Skip(why)
-	}
+	ci.RequireRoot(t, "network namespaces, veths, XDP and TC programs")
 }
 
 // podCluster is the local cluster of hack/up.sh, made of the same processes:

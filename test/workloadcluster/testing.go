@@ -2,9 +2,9 @@ package workloadcluster
 
 import (
 	"context"
-	"os"
 	"testing"
 
+	"mizar.dev/test/ci"
 	"mizar.dev/test/cluster"
 )
 
@@ -15,10 +15,7 @@ func StartAPIServer(t testing.TB) *Cluster {
 	t.Helper()
 	bins, err := cluster.Binaries("kube-apiserver")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		ci.Unavailable(t, err.Error())
 	}
 	c, err := Start(context.Background(), Options{Dir: t.TempDir(), KubeAPIServer: bins["kube-apiserver"]})
 	if err != nil {
