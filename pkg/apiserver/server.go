@@ -87,7 +87,7 @@ func (c *Config) New() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)
 	}
-	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims}.
+	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims, Operators: c.Operators != nil}.
 		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -434,8 +435,11 @@ func BenchmarkCNIAdd(b *testing.B) {
 		}
 		return rts
 	}
-	run := func(rts []*libcni.RuntimeConf, concurrent bool) []time.Duration {
+	// run returns the ADDs' latencies and the API writes made per ADD (the
+	// agents' and operators' included), counted before the DELs.
+	run := func(rts []*libcni.RuntimeConf, concurrent bool) ([]time.Duration, float64) {
 		lat := make([]time.Duration, len(rts))
+		before := apiWrites(ctx, b, e.client)
 		var wg sync.WaitGroup
 		var failed atomic.Int32
 		for i, rt := range rts {
@@ -458,12 +462,16 @@ func BenchmarkCNIAdd(b *testing.B) {
 		if failed.Load() > 0 {
 			b.Fatalf("%d ADDs failed", failed.Load())
 		}
+		// The last acknowledgements and Provisioned writes may follow the
+		// ADDs' return by an ack interval: let them land before counting.
+		time.Sleep(2 * DefaultAckInterval)
+		writes := (apiWrites(ctx, b, e.client) - before) / float64(len(rts))
 		for _, rt := range rts {
 			if err := e.cni.DelNetworkList(ctx, l, rt); err != nil {
 				b.Errorf("DEL: %v", err)
 			}
 		}
-		return lat
+		return lat, writes
 	}
 	// Baseline: the veth pair alone, created the same way.
 	base := make([]time.Duration, 0, n)
@@ -481,8 +489,8 @@ func BenchmarkCNIAdd(b *testing.B) {
 		}
 	}
 	b.ResetTimer()
-	seq := run(mk("s"), false)
-	conc := run(mk("c"), true)
+	seq, seqWrites := run(mk("s"), false)
+	conc, concWrites := run(mk("c"), true)
 	b.StopTimer()
 	bp50 := pct(base, .5)
 	for _, m := range []struct {
@@ -495,6 +503,38 @@ func BenchmarkCNIAdd(b *testing.B) {
 		b.ReportMetric(float64(p50)/float64(bp50), m.name+"-p50/veth-p50")
 	}
 	b.ReportMetric(float64(bp50.Microseconds())/1000, "veth-p50-ms")
+	b.ReportMetric(seqWrites, "seq-writes/add")
+	b.ReportMetric(concWrites, "conc100-writes/add")
+}
+
+// apiWrites is the number of mutating requests the server has answered
+// (apiserver_request_total for POST, PUT, PATCH and DELETE).
+func apiWrites(ctx context.Context, t testing.TB, s *apiservertest.Server) float64 {
+	t.Helper()
+	raw, err := s.Client.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("reading the server's metrics: %v", err)
+	}
+	sum := 0.0
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		for _, verb := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+			if strings.Contains(line, `verb="`+verb+`"`) {
+				f := strings.Fields(line)
+				v, err := strconv.ParseFloat(f[len(f)-1], 64)
+				if err != nil {
+					t.Fatalf("metrics line %q: %v", line, err)
+				}
+				sum += v
+			}
+		}
+	}
+	if sum == 0 {
+		t.Fatal("the server's metrics count no writes: apiserver_request_total missing?")
+	}
+	return sum
 }
 
 // The real cnitool (at the cni module version go.mod pins) drives the plugin

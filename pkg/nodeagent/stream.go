@@ -112,13 +112,16 @@ func (s *stream[T]) relist(ctx context.Context, known map[string]bool) (string, 
 	return rv, nil
 }
 
-// ack reports rv as applied.
+// ack reports rv as applied. The interval runs from the start of one write to
+// the next (writes are sequential, so it still bounds their rate): counted from
+// the end, every write's own latency would delay the next acknowledgement too.
 func (s *stream[T]) ack(ctx context.Context, rv string) error {
+	start := time.Now()
 	if err := s.synced(ctx, rv); err != nil {
 		return err
 	}
 	s.unacked = false
-	s.lastAck = time.Now()
+	s.lastAck = start
 	return nil
 }
 

@@ -85,7 +85,11 @@ func TestValidation(t *testing.T) {
 		return err
 	})
 	mustCreate(t, func() error {
-		_, err := c.Endpoints("val"+u).Create(ctx, fixtures.Endpoint("val"+u, "val-ep"+u, "val-net"+u, "10.30.1.10"), metav1.CreateOptions{})
+		ep, err := c.Endpoints("val"+u).Create(ctx, fixtures.Endpoint("val"+u, "val-ep"+u, "val-net"+u, "10.30.1.10"), metav1.CreateOptions{})
+		// No operator runs here to remove its finalizer: the server must not set it.
+		if err == nil && slices.Contains(ep.Finalizers, v1.OperatorFinalizer) {
+			t.Errorf("endpoint created by a server without operators holds %s", v1.OperatorFinalizer)
+		}
 		return err
 	})
 	mustCreate(t, func() error {

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -98,6 +99,11 @@ func TestCreateAndDeleteWorkflows(t *testing.T) {
 		}, corev1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
+		}
+		// Created holding the operator's finalizer: the operator's first
+		// reconcile writes nothing, and the create is what agents acknowledge.
+		if !slices.Contains(ep.Finalizers, v1alpha1.OperatorFinalizer) {
+			t.Errorf("endpoint %s created without %s: %v", ep.Name, v1alpha1.OperatorFinalizer, ep.Finalizers)
 		}
 		eps = append(eps, ep)
 	}

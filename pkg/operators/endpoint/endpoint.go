@@ -230,7 +230,8 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	}
 	if !reconcile.HasFinalizer(ep) {
 		// Agents acknowledge only versions with the finalizer (AwaitsAcknowledgement):
-		// the one this update makes is the first the operator waits for.
+		// the one this update makes is the first the operator waits for. A server
+		// running the operators creates endpoints holding it; this is for the rest.
 		ep = ep.DeepCopy()
 		ep.Finalizers = append(ep.Finalizers, reconcile.Finalizer)
 		if _, err = c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil {

@@ -30,6 +30,9 @@ type StorageProvider struct {
 	Codecs serializer.CodecFactory
 	// Claims keeps the values no two objects may share.
 	Claims *claim.Store
+	// Operators says this server runs the operators: objects they follow are
+	// created holding their finalizer.
+	Operators bool
 }
 
 // NewAPIGroupInfo returns the group with storage for every resource and /status,
@@ -55,7 +58,7 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 		return nil, nil, fmt.Errorf("subnets: %w", err)
 	}
 	add("subnets", subnets, subnetStatus)
-	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Claims, subnets.Store)
+	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Claims, subnets.Store, p.Operators)
 	if err != nil {
 		return nil, nil, fmt.Errorf("endpoints: %w", err)
 	}
