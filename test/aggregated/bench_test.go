@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"mizar.dev/test/cluster"
 )
 
 // benchConcurrency is the number of clients creating at once.
@@ -55,6 +61,35 @@ spec:
 type benchResult struct {
 	rate     float64
 	p50, p99 time.Duration
+	// cpu is the CPU time per create of each process (cpuProcs, and "client").
+	cpu map[string]time.Duration
+}
+
+// cpuProcs are the control plane's processes whose CPU time per create the
+// benchmark reports. On a shared, busy machine the creates/s ratios follow the
+// sum of these more than anything else: the sum is the steadier number.
+var cpuProcs = []string{"kube-apiserver", "etcd", "mizar-apiserver", "mizar-etcd"}
+
+// cpuTimes reads the CPU time used so far by cpuProcs and by this process.
+func cpuTimes(b *testing.B) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, name := range cpuProcs {
+		p := cl.Proc(name)
+		if p == nil {
+			b.Fatalf("no %s process in the control plane", name)
+		}
+		t, err := p.CPUTime()
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[name] = t
+	}
+	t, err := cluster.ProcessCPUTime(os.Getpid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	out["client"] = t
+	return out
 }
 
 // BenchmarkCreates measures Droplet creates direct to mizar-apiserver, through
@@ -62,6 +97,10 @@ type benchResult struct {
 // one run, and reports each as a ratio of the CRD's rate.
 //
 //	go test ./test/aggregated -run '^$' -bench Creates -benchtime 2000x
+//
+// With MIZAR_BENCH_PROFILE=<dir>, each path also takes CPU profiles of both
+// servers while it runs (MIZAR_BENCH_PROFILE_SECONDS long, 5 by default, so
+// give -benchtime enough creates to cover them): <dir>/<path>-<server>.pprof.
 func BenchmarkCreates(b *testing.B) {
 	ctx := context.Background()
 	if _, err := cl.KubectlStdin(ctx, benchCRD, "apply", "-f", "-"); err != nil {
@@ -105,6 +144,8 @@ func BenchmarkCreates(b *testing.B) {
 			var wg sync.WaitGroup
 			var failed atomic.Value
 			b.ResetTimer()
+			profiled := profileServers(b, p.name)
+			cpu0 := cpuTimes(b)
 			start := time.Now()
 			for w := 0; w < benchConcurrency; w++ {
 				wg.Add(1)
@@ -135,16 +176,27 @@ func BenchmarkCreates(b *testing.B) {
 			}
 			wg.Wait()
 			elapsed := time.Since(start)
+			cpu1 := cpuTimes(b)
 			b.StopTimer()
+			profiled()
 			if err, _ := failed.Load().(error); err != nil {
 				b.Fatalf("create via %s: %v", p.name, err)
 			}
 			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-			r := benchResult{rate: float64(b.N) / elapsed.Seconds(), p50: lat[b.N/2], p99: lat[b.N*99/100]}
+			r := benchResult{rate: float64(b.N) / elapsed.Seconds(), p50: lat[b.N/2], p99: lat[b.N*99/100], cpu: map[string]time.Duration{}}
+			var total time.Duration
+			for name, t := range cpu1 {
+				r.cpu[name] = (t - cpu0[name]) / time.Duration(b.N)
+				total += r.cpu[name]
+			}
+			r.cpu["total"] = total
 			results[p.name] = r
 			b.ReportMetric(r.rate, "creates/s")
 			b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50-ms")
 			b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99-ms")
+			for name, t := range r.cpu {
+				b.ReportMetric(float64(t.Microseconds())/1000, name+"-cpu-ms/op")
+			}
 			// Clean up so repeated runs start from the same state.
 			_ = res.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		})
@@ -155,8 +207,59 @@ func BenchmarkCreates(b *testing.B) {
 	}
 	for _, n := range []string{"direct", "aggregated"} {
 		r := results[n]
-		b.Logf("%-10s %7.0f creates/s = %.2fx the CRD (%.0f/s); p50 %v (CRD %v), p99 %v (CRD %v)",
+		b.Logf("%-10s %7.0f creates/s = %.2fx the CRD (%.0f/s); p50 %v (CRD %v), p99 %v (CRD %v); CPU per create %v = %.2fx the CRD's (%v)",
 			n, r.rate, r.rate/base.rate, base.rate, r.p50.Round(time.Microsecond*100), base.p50.Round(time.Microsecond*100),
-			r.p99.Round(time.Microsecond*100), base.p99.Round(time.Microsecond*100))
+			r.p99.Round(time.Microsecond*100), base.p99.Round(time.Microsecond*100),
+			r.cpu["total"].Round(time.Microsecond*10), float64(r.cpu["total"])/float64(base.cpu["total"]), base.cpu["total"].Round(time.Microsecond*10))
 	}
+}
+
+// profileServers starts CPU profiles of kube-apiserver and mizar-apiserver
+// when MIZAR_BENCH_PROFILE names a directory (/debug/pprof is on in both), and
+// returns a function that waits for them to be written.
+func profileServers(b *testing.B, path string) func() {
+	dir := os.Getenv("MIZAR_BENCH_PROFILE")
+	if dir == "" || b.N < 100 {
+		return func() {}
+	}
+	seconds := 5
+	if s := os.Getenv("MIZAR_BENCH_PROFILE_SECONDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("MIZAR_BENCH_PROFILE_SECONDS=%q: want a positive number of seconds", s)
+		}
+		seconds = n
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for server, kubeconfig := range map[string]string{"kube": cl.AdminKubeconfig, "mizar": cl.DirectKubeconfig} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			// Past the first connections' handshakes.
+			time.Sleep(300 * time.Millisecond)
+			prof, err := client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+				Param("seconds", strconv.Itoa(seconds)).Timeout(time.Duration(seconds+30) * time.Second).DoRaw(context.Background())
+			if err != nil {
+				b.Errorf("profiling %s: %v", server, err)
+				return
+			}
+			if err := os.WriteFile(filepath.Join(dir, path+"-"+server+".pprof"), prof, 0o644); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	return wg.Wait
 }

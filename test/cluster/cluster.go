@@ -554,6 +554,10 @@ func (c *Cluster) Stop() error {
 	return errors.Join(errs...)
 }
 
+// Proc returns the running process of that name (etcd, mizar-etcd,
+// kube-apiserver, kube-controller-manager, mizar-apiserver), or nil.
+func (c *Cluster) Proc(name string) *Proc { return c.proc(name) }
+
 func (c *Cluster) proc(name string) *Proc {
 	c.mu.Lock()
 	defer c.mu.Unlock()

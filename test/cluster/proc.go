@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -94,4 +95,42 @@ func (p *Proc) Kill() {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
+}
+
+// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// CPUTime is the CPU time (user + system) the process has used so far.
+func (p *Proc) CPUTime() (time.Duration, error) {
+	if p.cmd.Process == nil {
+		return 0, fmt.Errorf("%s was not started", p.Name)
+	}
+	return ProcessCPUTime(p.cmd.Process.Pid)
+}
+
+// ProcessCPUTime reads a process's user + system CPU time from /proc.
+func ProcessCPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("reading CPU time of process %d: %w", pid, err)
+	}
+	// The command name (field 2) may hold spaces: count fields after its ")".
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After the name: state is f[0], utime is field 14 of the file (f[11]), stime f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parsing /proc/%d/stat: %d fields", pid, len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parsing /proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
