@@ -95,7 +95,8 @@ bench: bench-apiserver bench-workflow bench-dataplane bench-cni bench-broker
 cluster: kube-binaries build
 	$(GO) run ./hack/local-cluster
 
-# Droplet creates direct, through the aggregator, and of an equivalent CRD (one run; ratios in the log).
+# Droplet creates direct, through the aggregator, and of an equivalent CRD (one run; ratios and CPU
+# per create of each process in the log). MIZAR_BENCH_PROFILE=dir adds CPU profiles of both servers.
 bench-aggregated: kube-binaries build
 	$(GO) test ./test/aggregated -run '^$$' -bench Creates -benchtime 2000x -v -timeout 20m
 
