@@ -325,7 +325,7 @@ pass:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Pod side (TC, tcx ingress of the host-side veth = the pod's egress).     */
+/* Pod side (TC ingress of the host-side veth = the pod's egress).          */
 /* ------------------------------------------------------------------------ */
 
 /* Hook choice, measured on this machine (2 vCPU VM, kernel 6.18): iperf3,
@@ -342,7 +342,8 @@ pass:
  * sees 64 KB GSO packets that bpf_xdp_adjust_head cannot encapsulate
  * correctly. TC keeps the skb: bpf_skb_adjust_room with the ENCAP flags marks
  * it SKB_GSO_UDP_TUNNEL, so the kernel (or the NIC) segments after encap, and
- * the checksum state of the inner packet survives. Hence tcx. */
+ * the checksum state of the inner packet survives. Hence TC: a cls_bpf
+ * filter, whose attach costs no RCU grace period under rtnl (tcx's does). */
 
 static __always_inline int pod_drop(enum pod_counter c)
 {
@@ -607,7 +608,7 @@ int mizar_pod(struct __sk_buff *skb)
 	if ((void *)(eth + 1) > data_end)
 		return pod_drop(POD_DROP_MALFORMED);
 	/* Frames leave only as what the endpoint is. The kernel moved an
-	 * 802.1Q/802.1ad tag into metadata before tcx (the encap would carry it
+	 * 802.1Q/802.1ad tag into metadata before TC (the encap would carry it
 	 * onto the underlay); a second tag of a QinQ frame is still inline. */
 	if (skb->vlan_present || eth->h_proto == bpf_htons(ETH_P_8021Q) ||
 	    eth->h_proto == bpf_htons(ETH_P_8021AD))
