@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -30,6 +29,7 @@ import (
 	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/dataplane"
+	"mizar.dev/test/nettest"
 )
 
 // Two droplets on a bridged underlay, each a netns running the real agent
@@ -253,27 +253,11 @@ func (o *NodeOptions) linkCount() (int, error) {
 // netns to, and compares hashes.
 func tcpTransfer(t *testing.T, from, to, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := ns.WithNetNSPath(to, func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp4", addr+":7777")
-		return err
-	}); err != nil {
+	sink, err := nettest.ListenHash(to, addr+":7777", 30*time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	got := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- err.Error()
-			return
-		}
-		defer c.Close()
-		h := sha256.New()
-		_, _ = io.Copy(h, c)
-		got <- hex.EncodeToString(h.Sum(nil))
-	}()
+	defer sink.Close()
 	data := make([]byte, 4<<20)
 	_, _ = rand.Read(data)
 	want := sha256.Sum256(data)
@@ -289,7 +273,7 @@ func tcpTransfer(t *testing.T, from, to, addr string) {
 	}); err != nil {
 		t.Fatalf("TCP %s -> %s: %v", from, addr, err)
 	}
-	if h := <-got; h != hex.EncodeToString(want[:]) {
+	if h := sink.Sum(); h != hex.EncodeToString(want[:]) {
 		t.Errorf("TCP %s -> %s: received hash %s, sent %x", from, addr, h, want)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"strings"
@@ -25,6 +24,7 @@ import (
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
+	"mizar.dev/test/nettest"
 )
 
 func TestPodNetwork(t *testing.T) {
@@ -417,31 +417,11 @@ func TestPodNetwork(t *testing.T) {
 // pod to, spread over pace (0: as fast as it goes), calling during (if set)
 // half-way in its own goroutine, and compares SHA-256 on both ends.
 func tcpTransfer(from, to *pod, size int, pace time.Duration, during func()) error {
-	var ln net.Listener
-	if err := ns.WithNetNSPath(to.path, func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp4", to.ip+":7777")
-		return err
-	}); err != nil {
+	sink, err := nettest.ListenHash(to.path, to.ip+":7777", 90*time.Second)
+	if err != nil {
 		return fmt.Errorf("listen in %s: %w", to.name, err)
 	}
-	defer ln.Close()
-	got := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- err.Error()
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(90 * time.Second))
-		h := sha256.New()
-		if _, err := io.Copy(h, c); err != nil {
-			got <- err.Error()
-			return
-		}
-		got <- hex.EncodeToString(h.Sum(nil))
-	}()
+	defer sink.Close()
 	data := make([]byte, size)
 	_, _ = rand.Read(data)
 	want := sha256.Sum256(data)
@@ -475,7 +455,7 @@ func tcpTransfer(from, to *pod, size int, pace time.Duration, during func()) err
 	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
 		return err
 	}
-	if h := <-got; h != hex.EncodeToString(want[:]) {
+	if h := sink.Sum(); h != hex.EncodeToString(want[:]) {
 		return fmt.Errorf("TCP %s -> %s: received %s, sent sha256 %x", from.name, to.name, h, want)
 	}
 	return nil
