@@ -89,6 +89,10 @@ type CNIOptions struct {
 	// HostIP is the node's underlay address: the source of what the host
 	// sends to its pods (kubelet probes).
 	HostIP netip.Addr
+	// Informers, when set, is the agent's factory whose subnet and VPC
+	// informers the server reads (its owner starts it): one watch of each
+	// per agent. Nil: the server runs its own.
+	Informers informers.SharedInformerFactory
 	// StateDir keeps one file per attachment: what DEL, CHECK and GC undo or
 	// verify, written before anything is created.
 	StateDir string
@@ -147,12 +151,17 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err := o.Pods.SetHostAddrs(addrs); err != nil {
 		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
 	}
-	f := informers.NewSharedInformerFactory(o.Client, 10*time.Minute)
+	f := o.Informers
+	if f == nil {
+		f = informers.NewSharedInformerFactory(o.Client, 10*time.Minute)
+	}
 	n := f.Networking().V1alpha1()
 	s := &CNIServer{o: o, locks: map[string]*attachLock{}, stop: make(chan struct{}), waiters: map[string]chan struct{}{},
 		subnets: n.Subnets().Lister(), vpcs: n.Vpcs().Lister(),
 		subnetsSynced: n.Subnets().Informer().HasSynced, vpcsSynced: n.Vpcs().Informer().HasSynced}
-	f.Start(s.stop)
+	if o.Informers == nil {
+		f.Start(s.stop)
+	}
 	onMe := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.FieldSelector = fields.OneTermEqualSelector("spec.droplet", o.Droplet).String()
 	}))

@@ -115,6 +115,10 @@ func NewDatapath(o DatapathOptions) *Datapath {
 	return d
 }
 
+// Informers is the datapath's informer factory, started by Attach; the CNI
+// server reads subnets and VPCs from it instead of watching them again.
+func (d *Datapath) Informers() informers.SharedInformerFactory { return d.factory }
+
 // Pods is the pod side of this datapath, for the CNI server.
 func (d *Datapath) Pods() *DatapathPods { return d.pods }
 

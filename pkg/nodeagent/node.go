@@ -200,7 +200,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		return err
 	}
 	srv, err := NewCNIServer(CNIOptions{Client: client, Droplet: o.Droplet, Pods: rdp.Pods(), HostNetns: o.HostNetns,
-		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), WorkloadPods: workloadPods, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
+		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), Informers: rdp.Informers(), WorkloadPods: workloadPods, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
 	if err != nil {
 		return err
 	}
