@@ -588,6 +588,19 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	return pod_redirected(bpf_redirect(oif, 0), done);
 }
 
+/* The next hop toward a learned host: its MAC when the agent gave one (same
+ * L2 segment), else zero for the FIB to resolve. */
+static __always_inline void learned_hop(struct hop *h, __u32 peer, __u64 gen)
+{
+	const struct droplet *d = droplet_lookup(peer, gen);
+
+	store_u32(h->ip, peer);
+	if (d)
+		copy_mac(h->mac, d->mac);
+	else
+		__builtin_memset(h->mac, 0, ETH_ALEN);
+}
+
 SEC("tc")
 int mizar_pod(struct __sk_buff *skb)
 {
@@ -741,8 +754,7 @@ int mizar_pod(struct __sk_buff *skb)
 	if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->peer && rf->saddr == saddr &&
 	    j < rf->direct_until) {
 		/* Decided below for an earlier packet of this flow. */
-		store_u32(r.next.ip, rf->peer);
-		__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+		learned_hop(&r.next, rf->peer, gen);
 		done = POD_ENCAP_LEARNED;
 	} else if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->unlearned) {
 		/* Nothing learned about daddr when the flow looked (below). */
@@ -768,8 +780,7 @@ int mizar_pod(struct __sk_buff *skb)
 			 * peer's entry), bigger ones stay direct until 3/4. */
 			if (age >= INTRODUCE_DELAY_NS &&
 			    (age < host.learn_ns / 2 || (!fits_opt && age < host.learn_ns / 4 * 3))) {
-				store_u32(r.next.ip, peer);
-				__builtin_memset(r.next.mac, 0, ETH_ALEN); /* FIB */
+				learned_hop(&r.next, peer, gen);
 				with_opt = 0;
 				done = POD_ENCAP_LEARNED;
 				/* Later packets of the flow skip the lookups until

@@ -44,7 +44,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct droplet_key);
-	__type(value, __u8);
+	__type(value, struct droplet);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } droplets SEC(".maps");
 

@@ -85,10 +85,18 @@ struct vpc {
 };
 
 /* droplets: the underlay hosts Geneve is accepted from (the agent fills it
- * from the Droplets in the API). The value is only a presence mark. */
+ * from the Droplets in the API). */
 struct droplet_key {
 	__u8 ip[4];
 } __attribute__((aligned(4))); /* word access (pkt.h); the layout is the same */
+
+/* The droplet's underlay MAC when it shares this host's L2 segment, zero
+ * when the kernel FIB must find the next hop (as in struct hop): a path
+ * learned to it then needs no FIB lookup per packet. */
+struct droplet {
+	__u8 mac[6];
+	__u8 pad[2];
+} __attribute__((aligned(4)));
 
 /* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
  * the VPC, so it may forward packets of any endpoint of the VPC. Any other

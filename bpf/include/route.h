@@ -129,6 +129,7 @@ struct droplet_seen {
 	__u64 gen;
 	__u32 ip;
 	__u32 valid;
+	struct droplet d;
 };
 
 struct {
@@ -138,26 +139,33 @@ struct {
 	__type(value, struct droplet_seen);
 } droplets_seen SEC(".maps");
 
-/* Whether ip (network order) is a droplet Geneve is accepted from. */
-static __always_inline int known_droplet(__u32 ip, __u64 gen)
+/* The droplet at ip (network order) if Geneve is accepted from it, NULL
+ * otherwise. */
+static __always_inline const struct droplet *droplet_lookup(__u32 ip, __u64 gen)
 {
 	__u32 slot = (ip ^ (ip >> 16)) & (DROPLET_SLOTS - 1);
 	struct droplet_seen *s = bpf_map_lookup_elem(&droplets_seen, &slot);
 
 	if (s && s->valid && s->gen == gen && s->ip == ip)
-		return 1;
+		return &s->d;
 
 	struct droplet_key dk __attribute__((aligned(4)));
 
 	store_u32(dk.ip, ip);
-	if (!bpf_map_lookup_elem(&droplets, &dk))
-		return 0;
-	if (s) {
-		s->gen = gen;
-		s->ip = ip;
-		s->valid = 1;
-	}
-	return 1;
+	const struct droplet *d = bpf_map_lookup_elem(&droplets, &dk);
+
+	if (!d || !s)
+		return d;
+	s->gen = gen;
+	s->ip = ip;
+	s->d = *d;
+	s->valid = 1;
+	return &s->d;
+}
+
+static __always_inline int known_droplet(__u32 ip, __u64 gen)
+{
+	return droplet_lookup(ip, gen) != NULL;
 }
 
 /* The description of the pod behind host-side veth ifindex, or NULL. */

@@ -57,14 +57,15 @@ func TestMapsRoundTrip(t *testing.T) {
 		t.Fatalf("pod interfaces %+v, want %+v", ifs, pod1)
 	}
 
-	for _, h := range []Hop{hostA, hostB} {
-		must(t, d.UpsertDroplet(h.IP))
+	// A with its MAC (same L2 segment), B behind a router.
+	for _, h := range []Hop{hostA, {IP: hostB.IP}} {
+		must(t, d.UpsertDroplet(h))
 	}
 	drops, err := d.Droplets()
 	must(t, err)
-	slices.SortFunc(drops, netip.Addr.Compare)
-	if !reflect.DeepEqual(drops, []netip.Addr{hostA.IP, hostB.IP}) {
-		t.Fatalf("droplets %v, want A and B", drops)
+	slices.SortFunc(drops, func(a, b Hop) int { return a.IP.Compare(b.IP) })
+	if !reflect.DeepEqual(drops, []Hop{hostA, {IP: hostB.IP}}) {
+		t.Fatalf("droplets %v, want A with its MAC and B without", drops)
 	}
 	// SetRelays replaces one VPC's set and leaves the others alone.
 	must(t, d.SetRelays(vpc1, []netip.Addr{hostA.IP, hostB.IP}))
@@ -142,7 +143,8 @@ func TestMapInputValidation(t *testing.T) {
 		{"pod IP outside its subnet", d.UpsertPodInterface(badPod), "outside its subnet"},
 		{"pod ifindex 0", d.UpsertPodInterface(PodInterface{}), "ifindex 0"},
 		{"multicast pod MAC", d.UpsertPodInterface(mcastPod), "multicast"},
-		{"IPv6 droplet", d.UpsertDroplet(v6), "not an IPv4"},
+		{"IPv6 droplet", d.UpsertDroplet(Hop{IP: v6}), "not an IPv4"},
+		{"zero droplet MAC", d.UpsertDroplet(Hop{IP: hostA.IP, MAC: make(net.HardwareAddr, 6)}), "all zeros"},
 		{"droplet 0.0.0.0", d.DeleteDroplet(netip.IPv4Unspecified()), "0.0.0.0"},
 		{"relays of VNI 0", d.SetRelays(0, nil), "VNI 0"},
 		{"relay not IPv4", d.SetRelays(vpc1, []netip.Addr{hostA.IP, v6}), "not an IPv4"},

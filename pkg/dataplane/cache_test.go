@@ -45,7 +45,7 @@ func TestFlowCacheFollowsTrustAndPods(t *testing.T) {
 	delta := counterDelta(t, d)
 	expectVerdict(t, d.UnderlayProgram(), fromA(vpc1).geneve(t, in), xdpDrop, nil)
 	expectCounts(t, delta().Underlay, "rx", "drop_not_droplet")
-	must(t, d.UpsertDroplet(hostA.IP))
+	must(t, d.UpsertDroplet(hostA))
 	expectVerdict(t, d.UnderlayProgram(), fromA(vpc1).geneve(t, in), xdpRedirect, nil)
 
 	// The pod's description is cached too.

@@ -67,7 +67,7 @@ func fixture(tb testing.TB) *Datapath {
 	must(d.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{hostC}}))
 	must(d.UpsertVPC(VPC{VNI: vpc2, Dividers: []Hop{hostH}}))
 	for _, h := range []Hop{hostA, hostB, hostC, hostD} {
-		must(d.UpsertDroplet(h.IP))
+		must(d.UpsertDroplet(h))
 	}
 	must(d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostC.IP, hostD.IP, hostH.IP}))
 	must(d.SetRelays(vpc2, []netip.Addr{hostH.IP}))

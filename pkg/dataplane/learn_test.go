@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -94,8 +93,8 @@ func TestLearnExpires(t *testing.T) {
 	t.Cleanup(func() { _ = d.Close() })
 	must(t, d.UpsertEndpoint(epPod1))
 	must(t, d.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{hostC}}))
-	must(t, d.UpsertDroplet(hostA.IP))
-	must(t, d.UpsertDroplet(hostC.IP))
+	must(t, d.UpsertDroplet(hostA))
+	must(t, d.UpsertDroplet(hostC))
 	must(t, d.SetRelays(vpc1, []netip.Addr{hostC.IP}))
 	expectVerdict(t, d.UnderlayProgram(), stampedFrom(t, hostC, hostA.IP, "10.1.1.77", "10.1.1.10"), xdpRedirect, nil)
 	p := podPacket("10.1.1.10")
@@ -145,15 +144,23 @@ func TestLearnPodGoesDirect(t *testing.T) {
 		t.Fatalf("went direct before the introduction arrived:\n%s", dump(out))
 	}
 
-	// Then straight to A. A learned host has no MAC here: the outer MACs
-	// come from the FIB of the netns running the test, so only what
-	// follows them is compared.
+	// Then straight to A, at the MAC the agent gave for droplet A (same L2
+	// segment: no FIB lookup), also for the flow's later packets.
 	time.Sleep(6 * time.Millisecond)
-	direct := encapTo(Hop{IP: hostA.IP, MAC: make(net.HardwareAddr, 6)}, p, vpc1).direct().geneve(t, p.frame(t))
+	direct := encapTo(hostA, p, vpc1).direct().geneve(t, p.frame(t))
+	delta = counterDelta(t, d)
+	for range 2 {
+		expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, direct)
+	}
+	expectCounts(t, delta().Pod, "encap_learned", "encap_learned")
+
+	// Droplet A behind a router (no MAC): the outer MACs come from the FIB
+	// of the netns running the test, so only what follows them is compared.
+	must(t, d.UpsertDroplet(Hop{IP: hostA.IP}))
 	delta = counterDelta(t, d)
 	out = expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, nil)
-	if string(out[12:]) != string(direct[12:]) {
-		t.Fatalf("learned path output\n%s\nwant (MACs aside)\n%s", dump(out), dump(direct))
+	if string(out[:6]) == string(hostA.MAC) || string(out[12:]) != string(direct[12:]) {
+		t.Fatalf("learned path to a routed droplet:\n%s\nwant (MACs from the FIB)\n%s", dump(out), dump(direct))
 	}
 	expectCounts(t, delta().Pod, "encap_learned")
 

@@ -511,15 +511,23 @@ func fromHops(src []mizarHop, n uint32) []Hop {
 }
 
 // UpsertDroplet makes a host on the underlay known: Geneve is accepted only
-// from droplets. Adding one that is known is not an error.
-func (d *Datapath) UpsertDroplet(ip netip.Addr) (err error) {
+// from droplets. h.MAC is given as in Hop (nil behind a router): a path
+// learned to the droplet then goes straight to that MAC instead of asking the
+// FIB per packet. Adding one that is known replaces its MAC.
+func (d *Datapath) UpsertDroplet(h Hop) (err error) {
 	defer d.invalidate(&err)
-	k, err := dropletKey(ip)
+	k, err := dropletKey(h.IP)
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
 	}
-	if err := d.objs.Droplets.Put(&k, uint8(1)); err != nil {
-		return fmt.Errorf("put droplet %s: %w", ip, err)
+	var v mizarDroplet
+	if h.MAC != nil {
+		if v.Mac, err = mac("droplet MAC", h.MAC); err != nil {
+			return fmt.Errorf("droplet %s: %w", h.IP, err)
+		}
+	}
+	if err := d.objs.Droplets.Put(&k, &v); err != nil {
+		return fmt.Errorf("put droplet %s: %w", h.IP, err)
 	}
 	return nil
 }
@@ -537,15 +545,19 @@ func (d *Datapath) DeleteDroplet(ip netip.Addr) (err error) {
 }
 
 // Droplets lists the droplets map.
-func (d *Datapath) Droplets() ([]netip.Addr, error) {
+func (d *Datapath) Droplets() ([]Hop, error) {
 	var (
 		k   mizarDropletKey
-		v   uint8
-		out []netip.Addr
+		v   mizarDroplet
+		out []Hop
 	)
 	it := d.objs.Droplets.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, netip.AddrFrom4(k.Ip))
+		h := Hop{IP: netip.AddrFrom4(k.Ip)}
+		if v.Mac != [6]byte{} {
+			h.MAC = hwaddr(v.Mac)
+		}
+		out = append(out, h)
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("list droplets: %w", err)

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type mizarDroplet struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type mizarDropletKey struct {
 	_  structs.HostLayout
 	Ip [4]uint8
@@ -23,6 +29,7 @@ type mizarDropletSeen struct {
 	Gen   uint64
 	Ip    uint32
 	Valid uint32
+	D     mizarDroplet
 }
 
 type mizarEndpoint struct {

@@ -484,9 +484,13 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 		return dp.AttachUnderlay("ul0")
 	})
 	// Every host of the test net is a droplet, as the agent would learn
-	// from the Droplets in the API.
+	// from the Droplets in the API, with their MACs when on h's segment.
 	for _, o := range tn.order {
-		must(tb, h.dp.UpsertDroplet(o.ip))
+		if o.seg == h.seg {
+			must(tb, h.dp.UpsertDroplet(o.hop()))
+		} else {
+			must(tb, h.dp.UpsertDroplet(o.routedHop()))
+		}
 	}
 	for _, p := range tn.pods {
 		if p.host != h {

@@ -168,6 +168,12 @@ func (d *Datapath) hop(dropletName string) (dataplane.Hop, bool) {
 	if err != nil {
 		return dataplane.Hop{}, false
 	}
+	return d.dropletHop(dr)
+}
+
+// dropletHop is a droplet as a next hop: its MAC only when it shares this
+// host's L2 segment (the FIB finds the way to the others).
+func (d *Datapath) dropletHop(dr *v1alpha1.Droplet) (dataplane.Hop, bool) {
 	ip, err := netip.ParseAddr(dr.Spec.IP)
 	if err != nil {
 		return dataplane.Hop{}, false
@@ -195,12 +201,12 @@ func (d *Datapath) syncTopology() error {
 	drops, _ := d.droplets.List(labels.Everything())
 	seen := map[netip.Addr]bool{}
 	for _, dr := range drops {
-		ip, err := netip.ParseAddr(dr.Spec.IP)
-		if err != nil || ip == d.hostIP {
+		h, ok := d.dropletHop(dr)
+		if !ok || h.IP == d.hostIP {
 			continue
 		}
-		seen[ip] = true
-		if err := d.dp.UpsertDroplet(ip); err != nil {
+		seen[h.IP] = true
+		if err := d.dp.UpsertDroplet(h); err != nil {
 			errs = append(errs, err)
 		}
 	}
