@@ -648,16 +648,6 @@ int mizar_pod(struct __sk_buff *skb)
 	if (iph->saddr != load_u32(cfg->ip))
 		return pod_drop(POD_DROP_SPOOF);
 
-	/* To this node itself (kubelet probes): the host stack answers, through
-	 * the /32 route the agent keeps to the pod over this veth. */
-	struct droplet_key hk;
-
-	store_u32(hk.ip, iph->daddr);
-	if (bpf_map_lookup_elem(&host_addrs, &hk)) {
-		count_pod(POD_TO_HOST);
-		return TC_ACT_OK;
-	}
-
 	/* Ports only from first (or whole) datagrams of protocols that have
 	 * them at the start of L4; fragments hash on addresses alone. */
 	__u8 proto = iph->protocol;
@@ -688,6 +678,12 @@ int mizar_pod(struct __sk_buff *skb)
 	struct route r;
 
 	struct rt_flow *rf = route_lookup_cached(&r, cfg->vni, daddr, sport & SPORT_MASK, self_ip(), gen);
+	/* To this node itself (kubelet probes): the host stack answers, through
+	 * the /32 route the agent keeps to the pod over this veth. */
+	if (r.kind == RT_HOST) {
+		count_pod(POD_TO_HOST);
+		return TC_ACT_OK;
+	}
 	if (r.kind == RT_DROP)
 		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
 

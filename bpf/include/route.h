@@ -22,6 +22,7 @@ enum route_kind {
 	RT_DROP = 0,
 	RT_LOCAL,
 	RT_REMOTE,
+	RT_HOST, /* pod side only: an address of this node (host_addrs) */
 };
 
 enum route_via {
@@ -272,8 +273,10 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 }
 
-/* route_lookup through rt_flows: routes (not drops) are kept until the
- * generation changes. Returns the flow's slot, or NULL when it has none. */
+/* The pod side's route: this node's own addresses first (host_addrs: the
+ * host stack answers kubelet probes), then route_lookup, through rt_flows:
+ * routes (not drops) are kept until the generation changes. Returns the
+ * flow's slot, or NULL when it has none. */
 static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u32 vni, __u32 daddr,
 							   __u32 pick, __u32 self, __u64 gen)
 {
@@ -284,7 +287,14 @@ static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u3
 		*r = s->r;
 		return s;
 	}
-	route_lookup(r, vni, daddr, pick, self);
+	struct droplet_key hk __attribute__((aligned(4)));
+
+	store_u32(hk.ip, daddr);
+	if (bpf_map_lookup_elem(&host_addrs, &hk)) {
+		__builtin_memset(r, 0, sizeof(*r));
+		r->kind = RT_HOST;
+	} else
+		route_lookup(r, vni, daddr, pick, self);
 	if (!s || r->kind == RT_DROP)
 		return NULL;
 	s->gen = gen;

@@ -691,7 +691,8 @@ func (d *Datapath) ForgetLearned(vni uint32, ip netip.Addr) (err error) {
 // SetHostAddrs replaces the set of this node's own IPv4 addresses: pod
 // traffic to them is handed to the host stack (kubelet probes) instead of
 // the overlay. An address a VPC also uses is then the node's for its pods.
-func (d *Datapath) SetHostAddrs(ips []netip.Addr) error {
+func (d *Datapath) SetHostAddrs(ips []netip.Addr) (err error) {
+	defer d.invalidate(&err) // the pod side caches what it decided
 	want := make(map[mizarDropletKey]bool, len(ips))
 	for _, ip := range ips {
 		k, err := dropletKey(ip)
