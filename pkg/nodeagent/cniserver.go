@@ -143,13 +143,8 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 		return nil, fmt.Errorf("CNI server: host netns: %w", err)
 	}
 	defer h.Close()
-	// Read once: a node's addresses are set before its agent starts.
-	addrs, err := hostAddrs(h)
-	if err != nil {
+	if err := syncHostAddrs(h, o.Pods); err != nil {
 		return nil, fmt.Errorf("CNI server: %w", err)
-	}
-	if err := o.Pods.SetHostAddrs(addrs); err != nil {
-		return nil, fmt.Errorf("CNI server: the node's addresses: %w", err)
 	}
 	f := o.Informers
 	if f == nil {
@@ -173,6 +168,10 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 		return nil, fmt.Errorf("CNI server: %w", err)
 	}
 	onMe.Start(s.stop)
+	if err := s.followHostAddrs(); err != nil {
+		close(s.stop)
+		return nil, fmt.Errorf("CNI server: %w", err)
+	}
 	return s, nil
 }
 

@@ -730,6 +730,40 @@ func TestCNIHostAndPod(t *testing.T) {
 	if err := ping(second.NetNS, nodeIP); err != nil {
 		t.Errorf("the other pod -> node after the handover: %v", err)
 	}
+
+	// The node gains an address while the agent runs: its pods reach it
+	// too; removed, it is the overlay's again.
+	ul, err := e.nodeH.LinkByName("ul0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := &netlink.Addr{IPNet: ipnet(netip.MustParsePrefix("198.18.8.1/32"))}
+	if err := e.nodeH.AddrAdd(ul, extra); err != nil {
+		t.Fatal(err)
+	}
+	hasExtra := func() bool {
+		addrs, err := e.dp.HostAddrs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(addrs, netip.MustParseAddr("198.18.8.1"))
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s within 5 s", what)
+			}
+		}
+	}
+	waitFor("the new address reached host_addrs", hasExtra)
+	if err := ping(second.NetNS, "198.18.8.1"); err != nil {
+		t.Errorf("pod -> the node's new address: %v", err)
+	}
+	if err := e.nodeH.AddrDel(ul, extra); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the removed address left host_addrs", func() bool { return !hasExtra() })
 	if err := e.cni.DelNetworkList(ctx, lists[vpc2], second); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}

@@ -7,9 +7,12 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // Host <-> pod traffic (kubelet probes) does not go through the overlay: the
@@ -34,6 +37,93 @@ func hostAddrs(h *netlink.Handle) ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// syncHostAddrs tells the pod dataplane the host's current addresses.
+func syncHostAddrs(h *netlink.Handle, pods PodDataplane) error {
+	addrs, err := hostAddrs(h)
+	if err != nil {
+		return err
+	}
+	if err := pods.SetHostAddrs(addrs); err != nil {
+		return fmt.Errorf("the node's addresses: %w", err)
+	}
+	return nil
+}
+
+// followHostAddrs keeps the pod dataplane's host addresses in step with the
+// host netns (a node renumbered or given a second address keeps answering
+// its pods' probes) until the server closes. The first subscription is open
+// before it returns, so no change after NewCNIServer is missed.
+func (s *CNIServer) followHostAddrs() error {
+	updates, err := s.subscribeHostAddrs()
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			select {
+			case <-s.stop:
+				return
+			case u, ok := <-updates:
+				if ok {
+					if u.LinkAddress.IP.To4() != nil {
+						s.resyncHostAddrs()
+					}
+					continue
+				}
+			}
+			// The subscription ended with an error (logged): without
+			// updates the map would go stale silently, so resubscribe.
+			for {
+				select {
+				case <-s.stop:
+					return
+				case <-time.After(time.Second):
+				}
+				if updates, err = s.subscribeHostAddrs(); err == nil {
+					break
+				}
+				klog.ErrorS(err, "Resubscribing to the node's address changes")
+			}
+		}
+	}()
+	return nil
+}
+
+// subscribeHostAddrs opens a subscription to the host netns's address
+// changes, then reads the addresses once (changes before it opened).
+func (s *CNIServer) subscribeHostAddrs() (chan netlink.AddrUpdate, error) {
+	var nsh *netns.NsHandle
+	if s.o.HostNetns != "" {
+		ns, err := netns.GetFromPath(s.o.HostNetns)
+		if err != nil {
+			return nil, fmt.Errorf("open netns %s: %w", s.o.HostNetns, err)
+		}
+		defer ns.Close() // the subscription keeps its own socket in it
+		nsh = &ns
+	}
+	updates := make(chan netlink.AddrUpdate, 16)
+	err := netlink.AddrSubscribeWithOptions(updates, s.stop, netlink.AddrSubscribeOptions{
+		Namespace:     nsh,
+		ErrorCallback: func(err error) { klog.ErrorS(err, "Watching the node's addresses") },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to the host's address changes: %w", err)
+	}
+	s.resyncHostAddrs()
+	return updates, nil
+}
+
+func (s *CNIServer) resyncHostAddrs() {
+	h, err := handleAt(s.o.HostNetns)
+	if err == nil {
+		err = syncHostAddrs(h, s.o.Pods)
+		h.Close()
+	}
+	if err != nil {
+		klog.ErrorS(err, "Updating the node's addresses for host<->pod traffic")
+	}
 }
 
 // addHostRoute points the host's route to ip at hostIfindex unless another
