@@ -747,7 +747,16 @@ int mizar_pod(struct __sk_buff *skb)
 
 	__u64 j = bpf_jiffies64();
 
-	if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->peer && rf->saddr == saddr &&
+	if (r.via == VIA_ENDPOINT && host.learn_ns && fits_opt && rf && j >= rf->introduce_j) {
+		/* Straight to the endpoint's host: only a relay of the VPC (a
+		 * bouncer or divider, which hold other hosts' endpoints) sends so.
+		 * The receiver may hold no route to this pod and would answer
+		 * through a relay for as long as the flow lasts: introduce the
+		 * pod (a relay's word is trusted), once per half lifetime. */
+		with_opt = 1;
+		rf->introduce_j = j + host.learn_ns / 2 / JIFFY_MAX_NS;
+		done = POD_INTRODUCE;
+	} else if (r.via != VIA_ENDPOINT && host.learn_ns && rf && rf->peer && rf->saddr == saddr &&
 	    j < rf->direct_until) {
 		/* Decided below for an earlier packet of this flow. */
 		learned_hop(&r.next, rf->peer, gen);

@@ -99,6 +99,9 @@ struct rt_flow {
 	__u64 direct_until;
 	__u32 unlearned; /* no live learned host for daddr (a new one bumps gen) */
 	__u32 pad;
+	/* Sent straight to the endpoint's host (VIA_ENDPOINT): when the flow
+	 * next introduces its pod there (jiffies; 0 = with its next packet). */
+	__u64 introduce_j;
 };
 
 struct {
@@ -304,6 +307,7 @@ static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u3
 	s->r = *r;
 	s->peer = 0;
 	s->unlearned = 0;
+	s->introduce_j = 0;
 	s->valid = 1;
 	return s;
 }

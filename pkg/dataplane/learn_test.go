@@ -256,6 +256,43 @@ func TestLearnedPathThroughKernel(t *testing.T) {
 	}
 }
 
+// A pod on a relay's node: B relays for the VPC too, so it knows where a
+// lives and answers a's packets straight to A; those answers introduce b
+// (B's word is a relay's), so A learns b's host and stops bouncing its side
+// of the flow off C.
+func TestLearnedPathToRelayNode(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B", "C"}, []podSpec{
+		{"a", "A", vpc1, "10.1.1.10/24"},
+		{"b", "B", vpc1, "10.1.1.20/24"},
+	})
+	tn.wireMode(t)
+	tn.mizarOneSubnet(t, false) // C bounces and divides; a and b known to it
+	A, B, C := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"]
+	a, b := tn.pods["a"], tn.pods["b"]
+	tn.setRelays(t, vpc1, B, C)
+	tn.remoteEndpoint(t, B, a)
+
+	done := make(chan string, 1)
+	go func() {
+		out, _ := a.pingArgs(t, b.ip, 300, "-i", "0.01", "-q")
+		done <- out
+	}()
+	time.Sleep(time.Second)
+	mid := counters(t, C).Underlay["rx"]
+	out := <-done
+	end := counters(t, C).Underlay["rx"]
+	if !strings.Contains(out, " 0% packet loss") {
+		t.Fatalf("pings lost while the path was learned:\n%s", out)
+	}
+	if end != mid {
+		t.Fatalf("bouncer C still saw %d Geneve frames in the last 2 s of the flow (B introduced b %d times)",
+			end-mid, counters(t, B).Pod["introduce"])
+	}
+	if got := counters(t, A).Pod["encap_learned"]; got < 150 {
+		t.Fatalf("A sent %d packets on the learned path, want most of 300", got)
+	}
+}
+
 // A learned path goes stale: b's address moves from B to a new pod b2 on D
 // and A is not told. A's direct packets reach B, which re-bounces them to
 // the relay under A's address; the relay delivers to b2. Nothing is lost,

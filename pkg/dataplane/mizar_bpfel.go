@@ -147,6 +147,7 @@ type mizarRtFlow struct {
 	DirectUntil uint64
 	Unlearned   uint32
 	Pad         uint32
+	IntroduceJ  uint64
 }
 
 type mizarSubnet struct {

@@ -25,7 +25,8 @@ func encapTo(hop Hop, p inner, vni uint32) outer {
 		ttl: 64, df: true, sport: flowSport(p.hash()), vni: vni, options: srcHostOption(hostH.IP)}
 }
 
-// direct is o sent straight to the destination's host: no option.
+// direct is o sent straight to the destination's host: no option (after
+// the flow's first packet, which introduces the pod: encapTo as is).
 func (o outer) direct() outer {
 	o.options = nil
 	return o
@@ -134,11 +135,27 @@ func TestPodEncapToBouncer(t *testing.T) {
 	}
 }
 
-// Destination host known: straight there, with the endpoint's MAC inside.
+// Destination host known (only a relay's node knows other hosts' endpoints):
+// straight there, with the endpoint's MAC inside. The flow's first packet
+// introduces pod1 (the sending-host option: the receiver, which may not know
+// pod1, learns where it lives from a relay's word and answers directly); the
+// next ones do not until half the learned lifetime has passed.
 func TestPodEncapDirect(t *testing.T) {
 	d := fixture(t)
 	p := fromPod1(epRemote.IP.String())
 	innerOut := withMACs(p.frame(t), epRemote.MAC, nil)
+	delta := counterDelta(t, d)
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).geneve(t, innerOut))
+	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).direct().geneve(t, innerOut))
+	expectCounts(t, delta().Pod, "introduce", "encap")
+
+	// Without learning (lifetime 0) nothing is introduced.
+	d, err := Load(Options{PinRoot: testPinRoot(t), UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC, UnderlayMTU: 1500, LearnLifetime: -1})
+	must(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	must(t, d.UpsertPodInterface(pod1))
+	must(t, d.UpsertEndpoint(epPod1))
+	must(t, d.UpsertEndpoint(epRemote))
 	expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, encapTo(hostB, p, vpc1).direct().geneve(t, innerOut))
 }
 
