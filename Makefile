@@ -127,8 +127,8 @@ bench-cni:
 
 # Pod-to-pod TCP Gbit/s and RTT across nodes through the real agents and plugin (same subnet,
 # learned; across subnets), each as a ratio to kernel VXLAN on the same namespaces, wire mode (root).
-bench-podnet:
-	$(GO) test ./test/podnet -run '^$$' -bench PodTCP -benchtime 1x -timeout 20m
+bench-podnet: build
+	$(GO) test ./test/podnet -run '^$$' -bench PodTCP -benchtime 1x -timeout 20m -v
 
 # The pod network end to end: 3 netns nodes with real agents, pods through
 # cnitool and libcni (needs root; also part of `make test`).

@@ -77,6 +77,7 @@ func BenchmarkPodTCP(b *testing.B) {
 		mizar    bool
 		relayed  float64 // packets the relays forwarded in the worst run
 		by       string  // and by whom
+		sender   string  // the sender node's pod program in that run
 		gbps     float64
 		rtt      float64
 		baseline string // the VXLAN path between the same pods
@@ -113,24 +114,29 @@ func BenchmarkPodTCP(b *testing.B) {
 		for _, p := range paths {
 			var before map[string]float64
 			if p.mizar {
-				before = c.relayCounters(b)
+				before = c.counters(b)
 			}
 			g, err := nettest.Iperf(p.from.path, p.to.path, p.dstIP, 1)
 			if err != nil {
 				b.Fatalf("%s: %v", p.name, err)
 			}
 			if p.mizar {
+				delta := c.counters(b)
 				var n float64
 				var by []string
-				for k, v := range c.relayCounters(b) {
-					if d := v - before[k]; d > 0 {
-						n += d
-						by = append(by, fmt.Sprintf("%s %.0f", k, d))
+				for k, v := range delta {
+					delta[k] = v - before[k]
+					node, counter, _ := strings.Cut(k, "/")
+					if relayed[counter] && delta[k] > 0 {
+						n += delta[k]
+						by = append(by, fmt.Sprintf("%s %s %.0f", node, counter, delta[k]))
 					}
 				}
 				if n >= p.relayed {
 					slices.Sort(by)
+					pod := func(c string) float64 { return delta[p.from.node.name+"/pod/"+c] }
 					p.relayed, p.by = n, strings.Join(by, ", ")
+					p.sender = fmt.Sprintf("encap_learned %.0f, encap %.0f, introduce %.0f", pod("encap_learned"), pod("encap"), pod("introduce"))
 				}
 			}
 			rtt, err := nettest.TCPRR(p.from.path, p.to.path, p.dstIP, rrRounds)
@@ -155,7 +161,8 @@ func BenchmarkPodTCP(b *testing.B) {
 			b.ReportMetric(p.gbps/base.gbps, p.name+"-x-vxlan-tput")
 			b.ReportMetric(p.rtt/base.rtt, p.name+"-x-vxlan-rtt")
 			b.ReportMetric(p.relayed, p.name+"-relayed-pkts")
-			line += fmt.Sprintf(" (x%.2f vxlan tput, x%.2f vxlan rtt; relayed in the worst iperf run: %.0f packets [%s])", p.gbps/base.gbps, p.rtt/base.rtt, p.relayed, p.by)
+			line += fmt.Sprintf(" (x%.2f vxlan tput, x%.2f vxlan rtt; relayed in the worst iperf run: %.0f packets [%s], sender's pod program: %s)",
+				p.gbps/base.gbps, p.rtt/base.rtt, p.relayed, p.by, p.sender)
 		}
 		summary = append(summary, line)
 	}
@@ -222,29 +229,31 @@ func (c *podCluster) vxlanOverlay(pods []*pod) map[*pod]string {
 	return addrs
 }
 
-// relayCounters sums, per node and counter, what the underlay programs
-// forwarded for others (as bouncer, divider, or on to a relay), read from
-// each agent's /metrics.
-func (c *podCluster) relayCounters(tb testing.TB) map[string]float64 {
+// relayed are the underlay counters of packets forwarded for others: as
+// bouncer, as divider, or on to a relay.
+var relayed = map[string]bool{"underlay/fwd_endpoint": true, "underlay/fwd_subnet": true, "underlay/fwd_divider": true, "underlay/rebounce": true}
+
+// counters reads every agent's datapath counters from its /metrics, keyed
+// "<node>/underlay/<reason>" and "<node>/pod/<reason>".
+func (c *podCluster) counters(tb testing.TB) map[string]float64 {
 	tb.Helper()
-	sums := map[string]float64{}
+	all := map[string]float64{}
 	for _, n := range c.nodes {
-		var got map[string]float64
 		c.waitFor("metrics of "+n.name, 10*time.Second, func() error {
-			var err error
-			got, err = underlayCounters(n.health)
+			got, err := agentCounters(n.health)
+			for k, v := range got {
+				all[n.name+"/"+k] = v
+			}
 			return err
 		})
-		for _, k := range []string{"fwd_endpoint", "fwd_subnet", "fwd_divider", "rebounce"} {
-			sums[n.name+"/"+k] = got[k]
-		}
 	}
-	return sums
+	return all
 }
 
-// underlayCounters reads mizar_dataplane_underlay_packets_total by reason
-// from an agent's Prometheus endpoint.
-func underlayCounters(addr string) (map[string]float64, error) {
+// agentCounters reads mizar_dataplane_{underlay,pod}_packets_total by reason
+// from an agent's Prometheus endpoint, keyed "underlay/<reason>" and
+// "pod/<reason>".
+func agentCounters(addr string) (map[string]float64, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
@@ -253,11 +262,14 @@ func underlayCounters(addr string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
 	}
-	const prefix = `mizar_dataplane_underlay_packets_total{reason="`
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), prefix)
+		rest, ok := strings.CutPrefix(sc.Text(), "mizar_dataplane_")
+		if !ok {
+			continue
+		}
+		prog, rest, ok := strings.Cut(rest, `_packets_total{reason="`)
 		if !ok {
 			continue
 		}
@@ -269,13 +281,13 @@ func underlayCounters(addr string) (map[string]float64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("metrics of %s: %q: %w", addr, sc.Text(), err)
 		}
-		out[reason] = v
+		out[prog+"/"+reason] = v
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("metrics of %s: no underlay counters", addr)
+		return nil, fmt.Errorf("metrics of %s: no datapath counters", addr)
 	}
 	return out, nil
 }
