@@ -15,7 +15,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker e2e-broker cluster-up cluster-down e2e
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e
 
 all: build
 
@@ -89,7 +89,7 @@ verify-deps:
 verify-codegen:
 	hack/verify-codegen.sh
 
-bench: bench-apiserver bench-workflow bench-dataplane bench-cni bench-broker
+bench: bench-apiserver bench-workflow bench-dataplane bench-cni bench-broker bench-podnet
 
 # The e2e-aggregated control plane, kept running for kubectl by hand (Ctrl-C stops it; needs root).
 cluster: kube-binaries build
@@ -124,6 +124,11 @@ e2e-broker: kube-binaries build
 # one node, beside a bare veth create (needs root).
 bench-cni:
 	$(GO) test ./pkg/nodeagent -run '^$$' -bench CNIAdd -benchtime 1x -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} |etcd-client|^\{'
+
+# Pod-to-pod TCP Gbit/s and RTT across nodes through the real agents and plugin (same subnet,
+# learned; across subnets), each as a ratio to kernel VXLAN on the same namespaces, wire mode (root).
+bench-podnet: build
+	$(GO) test ./test/podnet -run '^$$' -bench PodTCP -benchtime 1x -timeout 20m -v
 
 # The pod network end to end: 3 netns nodes with real agents, pods through
 # cnitool and libcni (needs root; also part of `make test`).

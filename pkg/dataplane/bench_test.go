@@ -1,10 +1,7 @@
 package dataplane
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -18,6 +15,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"mizar.dev/test/nettest"
 )
 
 // Speeds are reported as ratios against a baseline measured in the same run:
@@ -161,95 +160,26 @@ func benchOnce(b *testing.B, prog *ebpf.Program, frame []byte) time.Duration {
 	return d
 }
 
-// iperfRuns single-stream tests of iperfSeconds each, the best one counts:
-// on a shared machine other load only ever takes throughput away, so the
-// best of a few short runs is the closest to what the path itself allows.
-const (
-	iperfSeconds = 3
-	iperfRuns    = 3
-)
+// iperfRuns single-stream iperf3 tests of nettest.IperfSeconds each, the best
+// one counts (see nettest.Iperf).
+const iperfRuns = 3
 
-// iperf runs iperfRuns single-stream iperf3 TCP tests from src to dst and
-// returns the best Gbit/s as dst received it.
+// iperf returns the best Gbit/s of iperfRuns single-stream iperf3 tests from
+// src to dst.
 func iperf(b *testing.B, src, dst *netNS, dstIP netip.Addr) float64 {
 	b.Helper()
-	dst.start(b, "iperf3", "-s", "-B", dstIP.String(), "-p", "5201")
-	// Wait until the server listens (a plain connect is harmless to it).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		c, err := src.dial(ctx, net.JoinHostPort(dstIP.String(), "5201"))
-		cancel()
-		if err == nil {
-			_ = c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("iperf3 server on %s not reachable: %v", dstIP, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
-	var best float64
-	for range iperfRuns {
-		ctx, cancel := context.WithTimeout(context.Background(), (iperfSeconds+15)*time.Second)
-		out, err := src.exec(ctx, "iperf3", "-c", dstIP.String(), "-p", "5201", "-t", fmt.Sprint(iperfSeconds), "-J")
-		cancel()
-		if err != nil {
-			b.Fatalf("iperf3: %v\n%s", err, out)
-		}
-		var res struct {
-			End struct {
-				SumReceived struct {
-					BitsPerSecond float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-			} `json:"end"`
-		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			b.Fatalf("iperf3 JSON: %v\n%s", err, out)
-		}
-		best = max(best, res.End.SumReceived.BitsPerSecond/1e9)
-	}
-	return best
+	g, err := nettest.Iperf(src.path(), dst.path(), dstIP.String(), iperfRuns)
+	must(b, err)
+	return g
 }
 
-// tcpRR measures the mean round trip of 1-byte request/response exchanges
-// over one TCP connection from src to dst (netperf TCP_RR style), in µs.
+// tcpRR is the mean round trip in µs of 1-byte TCP exchanges from src to dst
+// (see nettest.TCPRR).
 func tcpRR(b *testing.B, src, dst *netNS, dstIP netip.Addr, rounds int) float64 {
 	b.Helper()
-	l := dst.listen(b, net.JoinHostPort(dstIP.String(), "7001"))
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := src.dial(ctx, l.Addr().String())
-	if err != nil {
-		b.Fatalf("rr dial: %v", err)
-	}
-	defer c.Close()
-	buf := []byte{1}
-	exchange := func() {
-		if _, err := c.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, buf); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for i := 0; i < 100; i++ { // warm up: ARP, caches
-		exchange()
-	}
-	start := time.Now()
-	for i := 0; i < rounds; i++ {
-		exchange()
-	}
-	return float64(time.Since(start).Microseconds()) / float64(rounds)
+	rtt, err := nettest.TCPRR(src.path(), dst.path(), dstIP.String(), rounds)
+	must(b, err)
+	return rtt
 }
 
 // BenchmarkPodHook: which hook on the host side of a pod's veth keeps the

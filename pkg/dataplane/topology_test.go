@@ -21,6 +21,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"mizar.dev/test/nettest"
 )
 
 // A test network on one machine, per DESIGN.md: hosts are network
@@ -425,32 +427,16 @@ func must(tb testing.TB, err error) {
 	}
 }
 
-// wireFeatures is "what a NIC puts on a wire": no segmentation and no
-// checksum offload left for the receiver, so every frame on the underlay is
-// MTU-sized with complete checksums (DESIGN.md, "Measuring throughput").
-// Checksums matter beyond speed: a veth hands CHECKSUM_PARTIAL skbs to its
-// peer as they are, and a native XDP program that redirects a frame loses
-// that state, so the pod would get a TCP packet with only a pseudo-header
-// sum. A real NIC completes the checksum before the wire.
-var wireFeatures = map[string]bool{
-	"tx-checksum-ip-generic":       false,
-	"tx-tcp-segmentation":          false,
-	"tx-tcp6-segmentation":         false,
-	"tx-generic-segmentation":      false,
-	"tx-udp_tnl-segmentation":      false,
-	"tx-udp_tnl-csum-segmentation": false,
-}
-
-// wireMode applies wireFeatures to both ends of every underlay veth.
+// wireMode applies nettest.WireFeatures to both ends of every underlay veth.
 func (tn *testNet) wireMode(tb testing.TB) {
 	tb.Helper()
 	for _, h := range tn.order {
-		h.ns.do(tb, func() error { return SetFeatures("ul0", wireFeatures) })
-		h.sw.do(tb, func() error { return SetFeatures("p"+h.name, wireFeatures) })
+		h.ns.do(tb, func() error { return SetFeatures("ul0", nettest.WireFeatures) })
+		h.sw.do(tb, func() error { return SetFeatures("p"+h.name, nettest.WireFeatures) })
 	}
 	for _, l := range tn.routerLegs {
-		l.ns.do(tb, func() error { return SetFeatures(l.ifname, wireFeatures) })
-		l.seg.sw.do(tb, func() error { return SetFeatures("pR", wireFeatures) })
+		l.ns.do(tb, func() error { return SetFeatures(l.ifname, nettest.WireFeatures) })
+		l.seg.sw.do(tb, func() error { return SetFeatures("pR", nettest.WireFeatures) })
 	}
 }
 

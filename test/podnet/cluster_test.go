@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -25,10 +26,11 @@ import (
 	"mizar.dev/pkg/generated/clientset/versioned"
 	"mizar.dev/test/ci"
 	"mizar.dev/test/cluster"
+	"mizar.dev/test/nettest"
 )
 
 // requireRoot skips without root, and fails instead under CI=true.
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	ci.RequireRoot(t, "network namespaces, veths, XDP and TC programs")
 }
@@ -40,7 +42,7 @@ func requireRoot(t *testing.T) {
 // Every name (netns, link, pin) starts with a random prefix, so it coexists
 // with `make up` and other tests.
 type podCluster struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	dir    string
 	bin    string // nodeagent, cnitool; cni/ is CNI_PATH
@@ -63,6 +65,7 @@ type node struct {
 	queue  string
 	state  string
 	pins   string
+	health string // --health-addr of its agent ("": none)
 	agent  *cluster.Proc
 }
 
@@ -71,14 +74,14 @@ var networks = map[string][2]string{
 	"a1": {"vpc-a", "a1"}, "a2": {"vpc-a", "a2"}, "a3": {"vpc-a", "a3"}, "b1": {"vpc-b", "b1"},
 }
 
-func build(t *testing.T, out, pkg string) {
+func build(t testing.TB, out, pkg string) {
 	t.Helper()
 	if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 }
 
-func newPodCluster(t *testing.T, nodes int) *podCluster {
+func newPodCluster(t testing.TB, nodes int) *podCluster {
 	requireRoot(t)
 	var r [2]byte
 	_, _ = rand.Read(r[:])
@@ -148,8 +151,9 @@ func newPodCluster(t *testing.T, nodes int) *podCluster {
 		// Wire mode: segmentation and checksums done before a frame leaves,
 		// as on a NIC (a veth would hand them to its peer undone).
 		for _, side := range [][2]string{{n.ns, "eth0"}, {ul, peer}} {
-			c.run("ip", "netns", "exec", side[0], "ethtool", "-K", side[1], "tx-checksum-ip-generic", "off", "tx-tcp-segmentation", "off",
-				"tx-tcp6-segmentation", "off", "tx-generic-segmentation", "off", "tx-udp_tnl-segmentation", "off", "tx-udp_tnl-csum-segmentation", "off")
+			if err := ns.WithNetNSPath("/run/netns/"+side[0], func(ns.NetNS) error { return dataplane.SetFeatures(side[1], nettest.WireFeatures) }); err != nil {
+				t.Fatalf("wire mode on %s in %s: %v", side[1], side[0], err)
+			}
 		}
 		c.run(c.server, "droplet-kubeconfig", "--data-dir", data, "--droplet", n.name, "--out", filepath.Join(n.dir, "kubeconfig"))
 		for name, placement := range networks {
@@ -177,7 +181,7 @@ func (c *podCluster) startAgent(n *node) {
 		exec.Command(filepath.Join(c.bin, "mizar-nodeagent"), "--kubeconfig", filepath.Join(n.dir, "kubeconfig"), "--droplet", n.name, "--node", n.name,
 			"--host-netns", "/run/netns/"+n.ns, "--underlay", "eth0", "--xdp-generic", "--pin-root", n.pins,
 			"--cni-socket", n.socket, "--cni-delete-queue", n.queue, "--cni-state-dir", n.state,
-			"--health-addr", ""))
+			"--health-addr", n.health))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -389,4 +393,61 @@ func (c *podCluster) footprint(n *node) footprint {
 // hasLink reports whether the pod's netns has eth0.
 func (c *podCluster) hasEth0(p *pod) bool {
 	return exec.Command("ip", "-n", p.netns, "link", "show", "eth0").Run() == nil
+}
+
+// createVPC creates a VPC and its subnets (name, CIDR) one at a time, each
+// placed before the next, and waits until all are Provisioned. The operator
+// puts an object on the least loaded droplet (ties by name), so the same
+// calls on the same nodes give the same placement every run. It returns
+// the droplet of the VPC's divider and of each subnet's bouncer.
+func (c *podCluster) createVPC(vpc, cidr string, subnets ...[2]string) (divider string, bouncers map[string]string) {
+	c.t.Helper()
+	ctx := context.Background()
+	api := c.api.NetworkingV1alpha1()
+	placed := func(kind, name string, get func() (string, error)) string {
+		var d string
+		c.waitFor(kind+" of "+name+" placed", 30*time.Second, func() error {
+			var err error
+			if d, err = get(); err == nil && d == "" {
+				err = errors.New("not yet")
+			}
+			return err
+		})
+		return d
+	}
+	if _, err := api.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc}, Spec: v1alpha1.VpcSpec{CIDR: cidr}}, metav1.CreateOptions{}); err != nil {
+		c.t.Fatal(err)
+	}
+	divider = placed("divider", vpc, func() (string, error) {
+		l, err := api.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=" + vpc})
+		if err != nil || len(l.Items) == 0 {
+			return "", err
+		}
+		return l.Items[0].Spec.Droplet, nil
+	})
+	bouncers = map[string]string{}
+	for _, sn := range subnets {
+		if _, err := api.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: sn[0]}, Spec: v1alpha1.SubnetSpec{VPC: vpc, CIDR: sn[1]}}, metav1.CreateOptions{}); err != nil {
+			c.t.Fatal(err)
+		}
+		bouncers[sn[0]] = placed("bouncer", sn[0], func() (string, error) {
+			l, err := api.Bouncers().List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=" + sn[0]})
+			if err != nil || len(l.Items) == 0 {
+				return "", err
+			}
+			return l.Items[0].Spec.Droplet, nil
+		})
+	}
+	c.waitFor("VPC "+vpc+" and its subnets Provisioned", 60*time.Second, func() error {
+		if o, err := api.Vpcs().Get(ctx, vpc, metav1.GetOptions{}); err != nil || o.Status.Phase != v1alpha1.PhaseProvisioned {
+			return fmt.Errorf("VPC %s not Provisioned (%v)", vpc, err)
+		}
+		for _, sn := range subnets {
+			if o, err := api.Subnets().Get(ctx, sn[0], metav1.GetOptions{}); err != nil || o.Status.Phase != v1alpha1.PhaseProvisioned {
+				return fmt.Errorf("subnet %s not Provisioned (%v)", sn[0], err)
+			}
+		}
+		return nil
+	})
+	return divider, bouncers
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
 	"mizar.dev/test/nettest"
 )
@@ -41,56 +40,8 @@ func TestPodNetwork(t *testing.T) {
 	// One at a time, each placed before the next: the operator puts an
 	// object on the least loaded droplet (ties by name), so the placement is
 	// the same every run: vpc-a's divider on node 1, a1's bouncer on node 2.
-	placed := func(kind, name string, get func() (string, error)) {
-		c.waitFor(kind+" of "+name+" placed", 30*time.Second, func() error {
-			d, err := get()
-			if err == nil && d == "" {
-				err = errors.New("not yet")
-			}
-			return err
-		})
-	}
-	subnets := map[string][2]string{}
-	for _, v := range []struct{ vpc, subnets []string }{{[]string{"vpc-a"}, []string{"a1", "a2", "a3"}}, {[]string{"vpc-b"}, []string{"b1"}}} {
-		vpc := v.vpc[0]
-		if _, err := api.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: vpc}, Spec: v1alpha1.VpcSpec{CIDR: "10.60.0.0/16"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		placed("divider", vpc, func() (string, error) {
-			l, err := api.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=" + vpc})
-			if err != nil || len(l.Items) == 0 {
-				return "", err
-			}
-			return l.Items[0].Spec.Droplet, nil
-		})
-		for _, sn := range v.subnets {
-			cidr := map[string]string{"a1": "10.60.1.0/24", "a2": "10.60.2.0/24", "a3": "10.60.3.0/29", "b1": "10.60.1.0/24"}[sn]
-			subnets[sn] = [2]string{vpc, cidr}
-			if _, err := api.Subnets().Create(ctx, &v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: sn}, Spec: v1alpha1.SubnetSpec{VPC: vpc, CIDR: cidr}}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			placed("bouncer", sn, func() (string, error) {
-				l, err := api.Bouncers().List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=" + sn})
-				if err != nil || len(l.Items) == 0 {
-					return "", err
-				}
-				return l.Items[0].Spec.Droplet, nil
-			})
-		}
-	}
-	c.waitFor("VPCs and subnets Provisioned", 60*time.Second, func() error {
-		for _, v := range []string{"vpc-a", "vpc-b"} {
-			if o, err := api.Vpcs().Get(ctx, v, metav1.GetOptions{}); err != nil || o.Status.Phase != v1alpha1.PhaseProvisioned {
-				return fmt.Errorf("VPC %s not Provisioned (%v)", v, err)
-			}
-		}
-		for s := range subnets {
-			if o, err := api.Subnets().Get(ctx, s, metav1.GetOptions{}); err != nil || o.Status.Phase != v1alpha1.PhaseProvisioned {
-				return fmt.Errorf("subnet %s not Provisioned (%v)", s, err)
-			}
-		}
-		return nil
-	})
+	c.createVPC("vpc-a", "10.60.0.0/16", [2]string{"a1", "10.60.1.0/24"}, [2]string{"a2", "10.60.2.0/24"}, [2]string{"a3", "10.60.3.0/29"})
+	c.createVPC("vpc-b", "10.60.0.0/16", [2]string{"b1", "10.60.1.0/24"})
 	c.startAgent(n3)
 	divs, _ := api.Dividers().List(ctx, metav1.ListOptions{})
 	bns, _ := api.Bouncers().List(ctx, metav1.ListOptions{})
