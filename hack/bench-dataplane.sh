@@ -13,8 +13,10 @@
 #   BenchmarkOverlay   pod-to-pod iperf3 throughput and TCP round trips across
 #                      netns hosts in wire mode: plain routing, kernel VXLAN,
 #                      pass-only XDP (the ceiling), mizar direct, bounced and
-#                      learned (bounced first, then host to host), as ratios
-#                      to plain routing and to kernel VXLAN
+#                      learned (bounced first, then host to host), each with
+#                      the underlay program in native and in generic XDP mode
+#                      (mizar's mode on veth underlays), as ratios to plain
+#                      routing and to kernel VXLAN
 # Speeds are only meaningful as the ratios printed next to them, which come
 # from one run on the same machine.
 #

@@ -248,9 +248,11 @@ type testNet struct {
 	// learn is Options.LearnLifetime for loadMizar (0: the default; < 0:
 	// no direct-path learning, so bounced traffic stays bounced).
 	learn time.Duration
-	hosts map[string]*testHost
-	pods  map[string]*testPod
-	order []*testHost
+	// xdpMode is Options.XDPMode for loadMizar.
+	xdpMode XDPMode
+	hosts   map[string]*testHost
+	pods    map[string]*testPod
+	order   []*testHost
 }
 
 // gatewayMAC is what the pods' ARP for their gateway resolves to.
@@ -460,7 +462,7 @@ func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
 	h.ns.do(tb, func() error {
-		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn,
+		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn, XDPMode: tn.xdpMode,
 			UnderlayMTU: underlayMTU})
 		if err != nil {
 			return err
@@ -620,8 +622,8 @@ func (tn *testNet) hostRoutes(tb testing.TB, remote func(o *testHost, p *testPod
 func (tn *testNet) mizarOneSubnet(tb testing.TB, direct bool) {
 	tb.Helper()
 	C := tn.hosts["C"]
-	if !direct {
-		tn.xdpTXToSwitch(tb, "C")
+	if !direct && tn.xdpMode == XDPDriver {
+		tn.xdpTXToSwitch(tb, "C") // generic XDP_TX is an skb transmit
 	}
 	for _, h := range tn.order {
 		tn.loadMizar(tb, h)
