@@ -438,8 +438,8 @@ func dividerOwner(name string) string { return "divider-" + name }
 // SetDividerSubnet implements Dataplane; the topology sync programs the subnets.
 func (d *Datapath) SetDividerSubnet(string, *v1alpha1.Subnet) error { return nil }
 
-// DeleteDividerSubnet implements Dataplane: the subnet's endpoints left
-// before it could go, and the divider's relist drops any it missed.
+// DeleteDividerSubnet implements Dataplane: the agent has removed the
+// subnet's endpoints already.
 func (d *Datapath) DeleteDividerSubnet(string, string) error { return nil }
 
 // SetDividerEndpoint implements Dataplane. A divider relays packets whose inner

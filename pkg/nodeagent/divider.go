@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -24,10 +25,11 @@ type divider struct {
 	vpc  string
 
 	mu          sync.Mutex
-	streams     map[string]*sub   // subnet -> its endpoint stream
-	applied     map[string]string // subnet -> watermark
-	listed      bool              // the VPC's subnets have been listed
-	provisioned bool              // Provisioned was written by this run
+	streams     map[string]*sub            // subnet -> its endpoint stream
+	applied     map[string]string          // subnet -> watermark
+	held        map[string]map[string]bool // subnet -> endpoint keys handed to the dataplane
+	listed      bool                       // the VPC's subnets have been listed
+	provisioned bool                       // Provisioned was written by this run
 
 	// writeMu orders the status writes: each carries every subnet's
 	// watermark, so one made from older values must not land after a newer one.
@@ -39,7 +41,7 @@ func (a *Agent) startDivider(d *v1alpha1.Divider) error {
 	if err := a.dp.SetDivider(d); err != nil {
 		return err
 	}
-	dv := &divider{a: a, name: d.Name, vpc: d.Spec.VPC, streams: map[string]*sub{}, applied: map[string]string{}}
+	dv := &divider{a: a, name: d.Name, vpc: d.Spec.VPC, streams: map[string]*sub{}, applied: map[string]string{}, held: map[string]map[string]bool{}}
 	a.start("divider/"+d.Name, d.UID, dv.run)
 	return nil
 }
@@ -96,7 +98,9 @@ func (dv *divider) setSubnet(ctx context.Context, s *v1alpha1.Subnet) error {
 		if old.uid == s.UID {
 			return nil
 		}
-		dv.stopSubnet(s.Name)
+		if err := dv.stopSubnet(s.Name); err != nil {
+			return err
+		}
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	sb := &sub{uid: s.UID, cancel: cancel, done: make(chan struct{})}
@@ -108,18 +112,21 @@ func (dv *divider) setSubnet(ctx context.Context, s *v1alpha1.Subnet) error {
 	return nil
 }
 
-// deleteSubnet stops following a subnet that left the VPC and withdraws its
-// watermark.
+// deleteSubnet stops following a subnet that left the VPC, forgets the
+// endpoints its stream had not seen go, and withdraws its watermark.
 func (dv *divider) deleteSubnet(ctx context.Context, subnet string) error {
-	dv.stopSubnet(subnet)
+	if err := dv.stopSubnet(subnet); err != nil {
+		return err
+	}
 	if err := dv.a.dp.DeleteDividerSubnet(dv.name, subnet); err != nil {
 		return err
 	}
 	return dv.publish(ctx)
 }
 
-// stopSubnet ends a subnet's endpoint stream and forgets its watermark.
-func (dv *divider) stopSubnet(subnet string) {
+// stopSubnet ends a subnet's endpoint stream, forgets its watermark and
+// removes the endpoints the stream had not seen go.
+func (dv *divider) stopSubnet(subnet string) error {
 	dv.mu.Lock()
 	sb := dv.streams[subnet]
 	delete(dv.streams, subnet)
@@ -130,7 +137,18 @@ func (dv *divider) stopSubnet(subnet string) {
 	}
 	dv.mu.Lock()
 	delete(dv.applied, subnet)
+	var keys []string
+	for k := range dv.held[subnet] {
+		keys = append(keys, k)
+	}
 	dv.mu.Unlock()
+	for _, key := range keys {
+		if err := dv.a.dp.DeleteDividerEndpoint(dv.name, key); err != nil {
+			return fmt.Errorf("divider %s: removing %s of subnet %s: %w", dv.name, key, subnet, err)
+		}
+		dv.hold(subnet, key, false)
+	}
+	return nil
 }
 
 func (dv *divider) endpointStream(subnet string) *stream[*v1alpha1.Endpoint] {
@@ -140,8 +158,17 @@ func (dv *divider) endpointStream(subnet string) *stream[*v1alpha1.Endpoint] {
 		selector: fields.OneTermEqualSelector("spec.subnet", subnet).String(),
 		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
 		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
-		set:      func(ep *v1alpha1.Endpoint) error { return dv.a.dp.SetDividerEndpoint(dv.name, ep) },
-		del:      func(key string) error { return dv.a.dp.DeleteDividerEndpoint(dv.name, key) },
+		set: func(ep *v1alpha1.Endpoint) error {
+			dv.hold(subnet, ep.Namespace+"/"+ep.Name, true)
+			return dv.a.dp.SetDividerEndpoint(dv.name, ep)
+		},
+		del: func(key string) error {
+			if err := dv.a.dp.DeleteDividerEndpoint(dv.name, key); err != nil {
+				return err
+			}
+			dv.hold(subnet, key, false)
+			return nil
+		},
 		synced: func(ctx context.Context, rv string) error {
 			dv.mu.Lock()
 			dv.applied[subnet] = rv
@@ -152,6 +179,20 @@ func (dv *divider) endpointStream(subnet string) *stream[*v1alpha1.Endpoint] {
 		ackInterval: dv.a.ack,
 		events:      &dv.a.endpointEvents,
 	}
+}
+
+// hold records whether the dataplane may hold endpoint key of subnet.
+func (dv *divider) hold(subnet, key string, held bool) {
+	dv.mu.Lock()
+	defer dv.mu.Unlock()
+	if !held {
+		delete(dv.held[subnet], key)
+		return
+	}
+	if dv.held[subnet] == nil {
+		dv.held[subnet] = map[string]bool{}
+	}
+	dv.held[subnet][key] = true
 }
 
 // publish writes every subnet's watermark, and Provisioned once the subnets

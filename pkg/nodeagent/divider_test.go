@@ -96,7 +96,18 @@ func TestDividerWatermarksPerSubnet(t *testing.T) {
 		t.Errorf("divider holds %q for the endpoint, want %q", got, ep.Spec.IP)
 	}
 
-	// A subnet that goes takes its watermark along.
+	// A subnet that goes takes its watermark and the endpoints the divider
+	// held for it along (here it goes under them: no operator holds it).
+	other, err := c.Endpoints(p).Create(ctx, &v1alpha1.Endpoint{
+		ObjectMeta: metav1.ObjectMeta{Name: "other"},
+		Spec:       v1alpha1.EndpointSpec{Subnet: subnets[1], Droplet: p + "-node", MAC: "02:42:0a:07:02:05"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the divider holding the second subnet's endpoint", func() bool {
+		return dp.DividerEndpoints()[div][p+"/other"] == other.Spec.IP
+	})
 	if err := c.Subnets().Delete(ctx, subnets[1], metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +116,13 @@ func TestDividerWatermarksPerSubnet(t *testing.T) {
 	})
 	if _, ok := dp.Dividers()[div][subnets[1]]; ok {
 		t.Errorf("divider still routes the gone subnet %s", subnets[1])
+	}
+	held := dp.DividerEndpoints()[div]
+	if _, ok := held[p+"/other"]; ok {
+		t.Errorf("divider still holds %s/other of the gone subnet", p)
+	}
+	if held[p+"/ep"] != ep.Spec.IP {
+		t.Errorf("divider lost the first subnet's endpoint: %v", held)
 	}
 }
 
