@@ -1,10 +1,12 @@
 // Package nodeagent is the API side of mizar's node agent: it registers its
 // Droplet, watches only its slice of the API (objects placed on its droplet,
 // endpoints it hosts, endpoints of the subnets it bounces for, subnets of the
-// VPCs it divides for), drives a Dataplane with them, and publishes what it has
-// applied: Provisioned for its droplet, dividers and bouncers, and a watermark
-// (status.appliedResourceVersion) per endpoint stream, written only when it
-// applied a version the Endpoint operator awaits and at most once per ack interval.
+// VPCs it divides for and their endpoints), drives a Dataplane with them, and
+// publishes what it has applied: Provisioned for its droplet, dividers and
+// bouncers, and a watermark per endpoint stream (status.appliedResourceVersion
+// on its Droplet and Bouncers, one entry per subnet in a Divider's
+// status.appliedResourceVersions), written only when it applied a version the
+// Endpoint operator awaits and at most once per ack interval.
 package nodeagent
 
 import (
@@ -211,43 +213,6 @@ func (a *Agent) startBouncer(b *v1alpha1.Bouncer) error {
 		events:      &a.endpointEvents,
 	}
 	a.start("bouncer/"+name, b.UID, s.run)
-	return nil
-}
-
-// startDivider serves a divider placed here: it follows the subnets of its VPC.
-func (a *Agent) startDivider(d *v1alpha1.Divider) error {
-	if err := a.dp.SetDivider(d); err != nil {
-		return err
-	}
-	n := a.client.NetworkingV1alpha1()
-	name := d.Name
-	provisioned := false
-	s := &stream[*v1alpha1.Subnet]{
-		name:     "subnets of VPC " + d.Spec.VPC + " for divider " + name,
-		selector: fields.OneTermEqualSelector("spec.vpc", d.Spec.VPC).String(),
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Subnet, string, error) {
-			l, err := n.Subnets().List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
-		watch: n.Subnets().Watch,
-		set:   func(s *v1alpha1.Subnet) error { return a.dp.SetDividerSubnet(name, s) },
-		del:   func(key string) error { return a.dp.DeleteDividerSubnet(name, key) },
-		synced: func(ctx context.Context, _ string) error {
-			if provisioned {
-				return nil
-			}
-			if err := a.patchStatus(ctx, "divider", name, a.name, map[string]any{"phase": v1alpha1.PhaseProvisioned}); err != nil {
-				return err
-			}
-			provisioned = true
-			return nil
-		},
-		events: &a.otherEvents,
-	}
-	a.start("divider/"+name, d.UID, s.run)
 	return nil
 }
 

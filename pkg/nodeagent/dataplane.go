@@ -37,4 +37,8 @@ type Dataplane interface {
 	SetDividerSubnet(divider string, s *v1alpha1.Subnet) error
 	// DeleteDividerSubnet forgets a subnet in a divider.
 	DeleteDividerSubnet(divider, subnet string) error
+	// SetDividerEndpoint teaches a divider where an endpoint of its VPC lives.
+	SetDividerEndpoint(divider string, ep *v1alpha1.Endpoint) error
+	// DeleteDividerEndpoint forgets an endpoint ("namespace/name") in a divider.
+	DeleteDividerEndpoint(divider, key string) error
 }

@@ -6,15 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
 
@@ -28,7 +24,7 @@ import (
 // Datapath is the agent's Dataplane over the real eBPF datapath.
 //
 // Besides what the agent's streams hand it (endpoints hosted here, endpoints
-// of the subnets it bounces for), the programs need the cluster's topology:
+// of the subnets it bounces for and of the VPCs it divides for), the programs need the cluster's topology:
 // which droplets exist (Geneve is accepted only from them), each VPC's VNI
 // and dividers, each subnet's bouncers, and the relays of each VPC. Those
 // kinds are few and small (no endpoints among them), so it follows them with
@@ -51,12 +47,6 @@ type Datapath struct {
 	bouncers listers.BouncerLister
 	dividers listers.DividerLister
 	kick     chan struct{}
-
-	client versioned.Interface
-	ctx    context.Context // Attach's: divider streams end with it
-
-	streamsMu sync.Mutex
-	streams   map[string]context.CancelFunc // "<divider>/<subnet>" -> its endpoint stream
 
 	mu     sync.Mutex
 	owners map[endpointID]map[string]bool // who asked for an endpoint entry: "host" or "bouncer/<name>"
@@ -95,7 +85,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
-		kick: make(chan struct{}, 1), client: o.Client, streams: map[string]context.CancelFunc{},
+		kick:   make(chan struct{}, 1),
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{
@@ -132,9 +122,6 @@ func (d *Datapath) poke() {
 // Attach implements Dataplane: it syncs the topology, then attaches the
 // underlay program (updating a pinned attachment in place after a restart).
 func (d *Datapath) Attach(ctx context.Context) error {
-	d.streamsMu.Lock()
-	d.ctx = ctx
-	d.streamsMu.Unlock()
 	d.factory.Start(ctx.Done())
 	for typ, ok := range d.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -444,66 +431,35 @@ func (d *Datapath) DeleteBouncerEndpoint(bouncer, key string) error {
 // SetDivider implements Dataplane; the topology sync programs the subnets.
 func (d *Datapath) SetDivider(*v1alpha1.Divider) error { return nil }
 
-// DeleteDivider implements Dataplane: its endpoint streams end and their
-// entries go.
+// DeleteDivider implements Dataplane: the divider's endpoint entries go (the
+// agent has ended its streams).
 func (d *Datapath) DeleteDivider(name string) error {
-	d.streamsMu.Lock()
-	for key, cancel := range d.streams {
-		if strings.HasPrefix(key, name+"/") {
-			cancel()
-			delete(d.streams, key)
-		}
-	}
-	d.streamsMu.Unlock()
-	return d.DeleteBouncer("divider-" + name) // same bookkeeping, another owner name
+	return d.DeleteBouncer(dividerOwner(name)) // same bookkeeping, another owner name
 }
 
-// SetDividerSubnet implements Dataplane. A divider relays packets whose inner
+// dividerOwner is a divider's owner name among the bouncers' in the entries'
+// bookkeeping.
+func dividerOwner(name string) string { return "divider-" + name }
+
+// SetDividerSubnet implements Dataplane; the topology sync programs the subnets.
+func (d *Datapath) SetDividerSubnet(string, *v1alpha1.Subnet) error { return nil }
+
+// DeleteDividerSubnet implements Dataplane: the agent has removed the
+// subnet's endpoints already.
+func (d *Datapath) DeleteDividerSubnet(string, string) error { return nil }
+
+// SetDividerEndpoint implements Dataplane. A divider relays packets whose inner
 // source is any endpoint of its VPC, and the underlay program accepts them
 // only from the host the endpoints map names for that source: so a divider's
-// host follows the endpoints of every subnet of the VPC, as a bouncer's host
+// host holds the endpoints of every subnet of the VPC, as a bouncer's host
 // does for its subnet.
-func (d *Datapath) SetDividerSubnet(divider string, s *v1alpha1.Subnet) error {
-	key := divider + "/" + s.Name
-	d.streamsMu.Lock()
-	defer d.streamsMu.Unlock()
-	if _, ok := d.streams[key]; ok || d.ctx == nil {
-		return nil
-	}
-	ctx, cancel := context.WithCancel(d.ctx)
-	d.streams[key] = cancel
-	owner := "divider-" + divider
-	n := d.client.NetworkingV1alpha1()
-	st := &stream[*v1alpha1.Endpoint]{
-		name:     "endpoints of subnet " + s.Name + " for divider " + divider,
-		selector: fields.OneTermEqualSelector("spec.subnet", s.Name).String(),
-		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
-		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
-		set: func(ep *v1alpha1.Endpoint) error {
-			e, err := d.endpoint(ep)
-			if err != nil {
-				return err
-			}
-			return d.set("bouncer/"+owner, ep, e)
-		},
-		del:    func(k string) error { return d.unset("bouncer/"+owner, k) },
-		synced: func(context.Context, string) error { return nil },
-		events: &atomic.Int64{},
-	}
-	go st.run(ctx)
-	return nil
+func (d *Datapath) SetDividerEndpoint(divider string, ep *v1alpha1.Endpoint) error {
+	return d.SetBouncerEndpoint(dividerOwner(divider), ep)
 }
 
-// DeleteDividerSubnet implements Dataplane: the subnet's endpoint stream ends
-// (its entries go with the divider or are replaced by the next relist).
-func (d *Datapath) DeleteDividerSubnet(divider, subnet string) error {
-	d.streamsMu.Lock()
-	defer d.streamsMu.Unlock()
-	if cancel, ok := d.streams[divider+"/"+subnet]; ok {
-		cancel()
-		delete(d.streams, divider+"/"+subnet)
-	}
-	return nil
+// DeleteDividerEndpoint implements Dataplane.
+func (d *Datapath) DeleteDividerEndpoint(divider, key string) error {
+	return d.DeleteBouncerEndpoint(dividerOwner(divider), key)
 }
 
 var _ Dataplane = (*Datapath)(nil)

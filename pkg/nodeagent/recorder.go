@@ -16,11 +16,12 @@ type Recorder struct {
 	host     map[string]string            // endpoint key -> ip
 	bouncers map[string]map[string]string // bouncer -> endpoint key -> ip
 	dividers map[string]map[string]string // divider -> subnet -> cidr
+	divEps   map[string]map[string]string // divider -> endpoint key -> ip
 }
 
 // NewRecorder returns an empty recorder.
 func NewRecorder() *Recorder {
-	return &Recorder{host: map[string]string{}, bouncers: map[string]map[string]string{}, dividers: map[string]map[string]string{}}
+	return &Recorder{host: map[string]string{}, bouncers: map[string]map[string]string{}, dividers: map[string]map[string]string{}, divEps: map[string]map[string]string{}}
 }
 
 func (r *Recorder) do(f func()) error {
@@ -72,12 +73,29 @@ func (r *Recorder) SetDivider(d *v1alpha1.Divider) error {
 	return r.do(func() {
 		if r.dividers[d.Name] == nil {
 			r.dividers[d.Name] = map[string]string{}
+			r.divEps[d.Name] = map[string]string{}
 		}
 	})
 }
 
 // DeleteDivider implements Dataplane.
-func (r *Recorder) DeleteDivider(name string) error { return r.do(func() { delete(r.dividers, name) }) }
+func (r *Recorder) DeleteDivider(name string) error {
+	return r.do(func() { delete(r.dividers, name); delete(r.divEps, name) })
+}
+
+// SetDividerEndpoint implements Dataplane.
+func (r *Recorder) SetDividerEndpoint(divider string, ep *v1alpha1.Endpoint) error {
+	return r.do(func() {
+		if m := r.divEps[divider]; m != nil {
+			m[ep.Namespace+"/"+ep.Name] = ep.Spec.IP
+		}
+	})
+}
+
+// DeleteDividerEndpoint implements Dataplane.
+func (r *Recorder) DeleteDividerEndpoint(divider, key string) error {
+	return r.do(func() { delete(r.divEps[divider], key) })
+}
 
 // SetDividerSubnet implements Dataplane.
 func (r *Recorder) SetDividerSubnet(divider string, s *v1alpha1.Subnet) error {
@@ -124,6 +142,17 @@ func (r *Recorder) Dividers() map[string]map[string]string {
 	defer r.mu.Unlock()
 	out := map[string]map[string]string{}
 	for k, v := range r.dividers {
+		out[k] = maps.Clone(v)
+	}
+	return out
+}
+
+// DividerEndpoints returns the dividers served here and their endpoints: key -> ip.
+func (r *Recorder) DividerEndpoints() map[string]map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]map[string]string{}
+	for k, v := range r.divEps {
 		out[k] = maps.Clone(v)
 	}
 	return out

@@ -41,6 +41,10 @@ type stream[T runtime.Object] struct {
 	ackInterval time.Duration
 	// events counts watch events received, for the benchmarks.
 	events *atomic.Int64
+	// keepDeleting hands objects being deleted to set: only their final
+	// removal goes to del (a divider follows a deleting subnet's endpoints
+	// until they are drained and the subnet is gone).
+	keepDeleting bool
 
 	// unacked: an awaited version was applied but not yet reported. Kept across
 	// reconnects, so a failed or interrupted report is made after resuming.
@@ -210,7 +214,7 @@ func (s *stream[T]) apply(obj T, gone bool) (string, error) {
 		return "", err
 	}
 	m, _ := meta.Accessor(obj)
-	if gone || m.GetDeletionTimestamp() != nil {
+	if gone || (m.GetDeletionTimestamp() != nil && !s.keepDeleting) {
 		err = s.del(key)
 	} else {
 		err = s.set(obj)

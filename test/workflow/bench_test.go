@@ -104,14 +104,22 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) scaleResult {
 	}
 	w.Stop()
 
-	// Endpoints go to droplets other than the bouncers' and one bystander's.
+	// Endpoints go to droplets other than the relays' (the bouncers and the
+	// VPC's dividers follow every endpoint) and one bystander's.
 	bouncers, err := c.Bouncers().List(ctx, metav1.ListOptions{FieldSelector: "spec.subnet=" + sub.Name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dividers, err := c.Dividers().List(ctx, metav1.ListOptions{FieldSelector: "spec.vpc=" + vpc.Name})
 	if err != nil {
 		b.Fatal(err)
 	}
 	busy := map[string]bool{}
 	for _, bn := range bouncers.Items {
 		busy[bn.Spec.Droplet] = true
+	}
+	for _, d := range dividers.Items {
+		busy[d.Spec.Droplet] = true
 	}
 	var bystander *runningAgent
 	var hosts []string
@@ -125,7 +133,7 @@ func provisionAtScale(b *testing.B, droplets, endpoints int) scaleResult {
 		}
 	}
 	if bystander == nil || len(hosts) == 0 {
-		b.Fatalf("need at least 4 droplets, have %d", droplets)
+		b.Fatalf("need at least 5 droplets (2 bouncers, a divider, a bystander, a host), have %d", droplets)
 	}
 
 	ns := uniq("ns")

@@ -107,6 +107,15 @@ type DividerSpec struct {
 
 type DividerStatus struct {
 	ProvisioningStatus
+	// AppliedResourceVersions holds, per subnet of the divider's VPC, the
+	// resourceVersion up to which the divider's agent has applied its endpoints.
+	AppliedResourceVersions []SubnetWatermark
+}
+
+// SubnetWatermark is how far an agent has applied the endpoints of one subnet.
+type SubnetWatermark struct {
+	Subnet          string
+	ResourceVersion string
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

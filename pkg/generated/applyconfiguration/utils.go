@@ -88,6 +88,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &applyconfigurationnetworkingv1alpha1.SubnetSpecApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("SubnetStatus"):
 		return &applyconfigurationnetworkingv1alpha1.SubnetStatusApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("SubnetWatermark"):
+		return &applyconfigurationnetworkingv1alpha1.SubnetWatermarkApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("Vpc"):
 		return &applyconfigurationnetworkingv1alpha1.VpcApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("VpcSpec"):

@@ -122,6 +122,7 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		networkingv1alpha1.SubnetList{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_SubnetList(ref),
 		networkingv1alpha1.SubnetSpec{}.OpenAPIModelName():         schema_pkg_apis_networking_v1alpha1_SubnetSpec(ref),
 		networkingv1alpha1.SubnetStatus{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_SubnetStatus(ref),
+		networkingv1alpha1.SubnetWatermark{}.OpenAPIModelName():    schema_pkg_apis_networking_v1alpha1_SubnetWatermark(ref),
 		networkingv1alpha1.Vpc{}.OpenAPIModelName():                schema_pkg_apis_networking_v1alpha1_Vpc(ref),
 		networkingv1alpha1.VpcList{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_VpcList(ref),
 		networkingv1alpha1.VpcSpec{}.OpenAPIModelName():            schema_pkg_apis_networking_v1alpha1_VpcSpec(ref),
@@ -3863,11 +3864,33 @@ func schema_pkg_apis_networking_v1alpha1_DividerStatus(ref common.ReferenceCallb
 							},
 						},
 					},
+					"appliedResourceVersions": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"subnet",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "appliedResourceVersions holds, per subnet of the divider's VPC, the resourceVersion up to which the agent of the divider's droplet has applied the subnet's endpoints: every endpoint of the subnet whose resourceVersion is not greater is programmed. One entry per subnet because the agent follows each subnet with its own watch stream, and a stream's position says nothing about the others'. A subnet without an entry is not applied yet. Written by that agent once per batch of a stream.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(networkingv1alpha1.SubnetWatermark{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.Condition{}.OpenAPIModelName()},
+			v1.Condition{}.OpenAPIModelName(), networkingv1alpha1.SubnetWatermark{}.OpenAPIModelName()},
 	}
 }
 
@@ -4528,6 +4551,36 @@ func schema_pkg_apis_networking_v1alpha1_SubnetStatus(ref common.ReferenceCallba
 		},
 		Dependencies: []string{
 			v1.Condition{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_networking_v1alpha1_SubnetWatermark(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "SubnetWatermark is the resourceVersion up to which an agent has applied the endpoints of one subnet.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"subnet": {
+						SchemaProps: spec.SchemaProps{
+							Description: "subnet is the subnet's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"resourceVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "resourceVersion is the watermark.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"subnet", "resourceVersion"},
+			},
+		},
 	}
 }
 

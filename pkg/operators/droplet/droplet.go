@@ -120,10 +120,14 @@ func (o *DropletOperator) Reconcile(ctx context.Context, key string) error {
 			return false
 		})
 		c := o.client.NetworkingV1alpha1().Dividers()
-		// Status first: the divider reads Init before it names its new droplet.
+		// Status first: the divider reads Init, with no watermarks of the old
+		// droplet's agent, before it names its new droplet.
 		st := d.Status.DeepCopy()
 		resetStatus(&st.ProvisioningStatus, d.Generation, cond, target != "")
-		if !reconcile.SameProvisioning(&d.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+		if target != "" {
+			st.AppliedResourceVersions = nil
+		}
+		if !reconcile.SameProvisioning(&d.Status.ProvisioningStatus, &st.ProvisioningStatus) || len(st.AppliedResourceVersions) != len(d.Status.AppliedResourceVersions) {
 			d = d.DeepCopy()
 			d.Status = *st
 			if d, err = c.UpdateStatus(ctx, d, metav1.UpdateOptions{}); err != nil {

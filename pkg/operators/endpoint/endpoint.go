@@ -1,9 +1,12 @@
 // Package endpoint is the Endpoint operator: it moves an endpoint from Init to
-// Provisioned once its host and every bouncer of its subnet have applied it, marks
-// it Failed when its droplet goes, and holds its deletion until they have
-// removed it. Agents acknowledge with one watermark per watch stream (the
-// resourceVersion up to which they applied it, on their Droplet and Bouncer
-// status), written only for versions the operator awaits
+// Provisioned once its host, every bouncer of its subnet and every divider of
+// its VPC have applied it (a droplet that relays for none of the VPC sends
+// cross-subnet packets through the dividers, so Provisioned must cover them for
+// the first packets to be forwarded), marks it Failed when its droplet goes,
+// and holds its deletion until they have removed it. Agents acknowledge with
+// one watermark per watch stream (the resourceVersion up to which they applied
+// it, on their Droplet and Bouncer status, per subnet on a Divider's), written
+// only for versions the operator awaits
 // (Endpoint.AwaitsAcknowledgement), so an endpoint costs no acknowledgement
 // writes of its own; nothing polls. A watermark moving re-queues only the
 // endpoints it covers (waiters).
@@ -30,7 +33,7 @@ import (
 // Condition types and reasons the Endpoint operator writes.
 const (
 	ConditionApplied    = "Applied"
-	ReasonApplied       = "AppliedByHostAndBouncers"
+	ReasonApplied       = "AppliedByHostAndRelays"
 	ReasonWaiting       = "WaitingForAgents"
 	ReasonDropletGone   = "DropletNotFound"
 	ReasonSubnetMissing = "SubnetNotFound"
@@ -45,7 +48,9 @@ type EndpointOperator struct {
 	endpoints cache.SharedIndexInformer
 	droplets  listers.DropletLister
 	subnets   listers.SubnetLister
+	subnetInf cache.SharedIndexInformer
 	bouncers  cache.SharedIndexInformer
+	dividers  cache.SharedIndexInformer
 	loop      *reconcile.Loop
 	waits     *waiters
 }
@@ -63,7 +68,9 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		endpoints: n.Endpoints().Informer(),
 		droplets:  n.Droplets().Lister(),
 		subnets:   n.Subnets().Lister(),
+		subnetInf: n.Subnets().Informer(),
 		bouncers:  n.Bouncers().Informer(),
+		dividers:  n.Dividers().Informer(),
 		waits:     newWaiters(),
 	}
 	o.loop = reconcile.New("endpoint-operator", o.Reconcile)
@@ -83,6 +90,9 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		{o.endpoints, reconcile.ByDroplet, reconcile.EndpointByDroplet},
 		{o.bouncers, reconcile.BySubnet, reconcile.BouncerBySubnet},
 		{o.bouncers, reconcile.ByDroplet, reconcile.BouncerByDroplet},
+		{o.dividers, reconcile.ByVPC, reconcile.DividerByVPC},
+		{o.dividers, reconcile.ByDroplet, reconcile.DividerByDroplet},
+		{o.subnetInf, reconcile.ByVPC, reconcile.SubnetByVPC},
 	} {
 		if err := reconcile.AddIndex(ix.inf, ix.name, ix.fn); err != nil {
 			return nil, err
@@ -106,6 +116,29 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 				obj = t.Obj
 			}
 			o.bouncerChanged(obj.(*v1alpha1.Bouncer), true)
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := o.dividers.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { o.dividerChanged(obj.(*v1alpha1.Divider), false) },
+		UpdateFunc: func(old, obj any) {
+			was, d := old.(*v1alpha1.Divider), obj.(*v1alpha1.Divider)
+			if was.Spec == d.Spec && was.Status.Phase == d.Status.Phase && was.DeletionTimestamp.Equal(d.DeletionTimestamp) {
+				for _, w := range d.Status.AppliedResourceVersions {
+					if was.Status.AppliedResourceVersion(w.Subnet) != w.ResourceVersion {
+						o.enqueue(o.waits.covered(dividerAgent(d.Name, w.Subnet), w.ResourceVersion))
+					}
+				}
+				return
+			}
+			o.dividerChanged(d, false)
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			o.dividerChanged(obj.(*v1alpha1.Divider), true)
 		},
 	}); err != nil {
 		return nil, err
@@ -158,6 +191,21 @@ func (o *EndpointOperator) bouncerChanged(b *v1alpha1.Bouncer, gone bool) {
 	o.enqueue(o.waits.subnetWaiters(b.Spec.Subnet))
 }
 
+// dividerChanged re-queues whoever waits for a divider that came, went, moved
+// or changed phase. The divider is awaited per subnet of its VPC.
+func (o *EndpointOperator) dividerChanged(d *v1alpha1.Divider, gone bool) {
+	subnets := map[string]bool{}
+	for _, s := range reconcile.ByIndex[*v1alpha1.Subnet](o.subnetInf, reconcile.ByVPC, d.Spec.VPC) {
+		subnets[s.Name] = true
+	}
+	for _, w := range d.Status.AppliedResourceVersions {
+		subnets[w.Subnet] = true
+	}
+	for s := range subnets {
+		o.enqueue(o.waits.changed(dividerAgent(d.Name, s), gone))
+	}
+}
+
 // dropletGoing re-queues every endpoint on a droplet being deleted (they fail)
 // and whoever waits for a bouncer on it (a deleting endpoint no longer does).
 func (o *EndpointOperator) dropletGoing(name string, gone bool) {
@@ -166,14 +214,24 @@ func (o *EndpointOperator) dropletGoing(name string, gone bool) {
 	for _, b := range reconcile.ByIndex[*v1alpha1.Bouncer](o.bouncers, reconcile.ByDroplet, name) {
 		o.enqueue(o.waits.changed(bouncerAgent(b.Name), false))
 	}
+	for _, d := range reconcile.ByIndex[*v1alpha1.Divider](o.dividers, reconcile.ByDroplet, name) {
+		o.dividerChanged(d, false)
+	}
 }
 
 // watermark is an agent's current watermark, from the informers' caches.
 func (o *EndpointOperator) watermark(agent string) string {
 	kind, name, _ := strings.Cut(agent, "/")
-	if kind == "droplet" {
+	switch kind {
+	case "droplet":
 		if d, err := o.droplets.Get(name); err == nil {
 			return d.Status.AppliedResourceVersion
+		}
+		return ""
+	case "divider":
+		name, subnet, _ := strings.Cut(name, "/")
+		if obj, ok, err := o.dividers.GetIndexer().GetByKey(name); err == nil && ok {
+			return obj.(*v1alpha1.Divider).Status.AppliedResourceVersion(subnet)
 		}
 		return ""
 	}
@@ -214,7 +272,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 			o.waits.forget(key)
 			return nil
 		}
-		// The endpoint leaves its host and bouncers before it goes: the update that
+		// The endpoint leaves its host and relays before it goes: the update that
 		// set deletionTimestamp is in their streams, so their watermarks pass it.
 		if w := o.notApplied(ep, droplet, hostGone, true); len(w.agents) > 0 {
 			o.await(key, ep, w)
@@ -263,7 +321,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		if len(waitFor.agents) == 0 && !waitFor.forSubnet {
 			st.Phase = v1alpha1.PhaseProvisioned
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, true, ReasonApplied,
-				"applied by its host and every bouncer of its subnet")
+				"applied by its host, every bouncer of its subnet and every divider of its VPC")
 			break
 		}
 		// The message names no agent: a write whenever another one catches up
@@ -277,7 +335,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		// past the watermarks once more) unless an older condition must be replaced.
 		if condition := meta.FindStatusCondition(st.Conditions, ConditionApplied); condition != nil {
 			reconcile.SetCondition(&st.Conditions, ep.Generation, ConditionApplied, false, ReasonWaiting,
-				fmt.Sprintf("waiting for droplet %s and the bouncers of subnet %s to apply it", ep.Spec.Droplet, ep.Spec.Subnet))
+				fmt.Sprintf("waiting for droplet %s, the bouncers of subnet %s and the dividers of its VPC to apply it", ep.Spec.Droplet, ep.Spec.Subnet))
 		}
 	}
 	if reconcile.SameProvisioning(&ep.Status.ProvisioningStatus, &st.ProvisioningStatus) {
@@ -297,7 +355,7 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 }
 
 // waiting is what an endpoint's current version waits for: agents (droplet/x,
-// bouncer/y) whose watermarks do not cover it, and its subnet or the subnet's
+// bouncer/y, divider/z/<subnet>) whose watermarks do not cover it, and its subnet or the subnet's
 // first Provisioned bouncer.
 type waiting struct {
 	agents    []string
@@ -317,7 +375,9 @@ func (o *EndpointOperator) await(key string, ep *v1alpha1.Endpoint, w waiting) {
 }
 
 // notApplied says who has not yet applied the endpoint's current version. On
-// deletion, agents that are gone or never started cannot hold it back.
+// deletion, agents that are gone or never started cannot hold it back. Only
+// Provisioned bouncers and dividers are awaited: one that is not serving yet
+// writes Provisioned only after listing every endpoint it relays for.
 func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.Droplet, hostGone, deleting bool) waiting {
 	var w waiting
 	rv := ep.ResourceVersion
@@ -326,14 +386,7 @@ func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.D
 	}
 	live := 0
 	for _, b := range reconcile.ByIndex[*v1alpha1.Bouncer](o.bouncers, reconcile.BySubnet, ep.Spec.Subnet) {
-		if b.DeletionTimestamp != nil || b.Spec.Droplet == "" {
-			continue
-		}
-		if deleting {
-			if d, err := o.droplets.Get(b.Spec.Droplet); err != nil || d.DeletionTimestamp != nil || b.Status.Phase != v1alpha1.PhaseProvisioned {
-				continue
-			}
-		} else if b.Status.Phase != v1alpha1.PhaseProvisioned {
+		if !o.serving(b.DeletionTimestamp, b.Spec.Droplet, b.Status.Phase, deleting) {
 			continue
 		}
 		live++
@@ -342,5 +395,31 @@ func (o *EndpointOperator) notApplied(ep *v1alpha1.Endpoint, droplet *v1alpha1.D
 		}
 	}
 	w.forSubnet = live == 0 && !deleting
+	s, err := o.subnets.Get(ep.Spec.Subnet)
+	if err != nil {
+		return w // no subnet, no VPC: no divider to wait for (Reconcile says why it waits)
+	}
+	for _, d := range reconcile.ByIndex[*v1alpha1.Divider](o.dividers, reconcile.ByVPC, s.Spec.VPC) {
+		if !o.serving(d.DeletionTimestamp, d.Spec.Droplet, d.Status.Phase, deleting) {
+			continue
+		}
+		if !Applied(d.Status.AppliedResourceVersion(ep.Spec.Subnet), rv) {
+			w.agents = append(w.agents, dividerAgent(d.Name, ep.Spec.Subnet))
+		}
+	}
 	return w
+}
+
+// serving reports whether a bouncer or divider counts among those an endpoint
+// waits for: it is Provisioned and not going and, for a deleting endpoint,
+// its droplet is not going either (nobody would ever acknowledge for it).
+func (o *EndpointOperator) serving(deletion *metav1.Time, droplet string, phase v1alpha1.Phase, deleting bool) bool {
+	if deletion != nil || droplet == "" || phase != v1alpha1.PhaseProvisioned {
+		return false
+	}
+	if deleting {
+		d, err := o.droplets.Get(droplet)
+		return err == nil && d.DeletionTimestamp == nil
+	}
+	return true
 }

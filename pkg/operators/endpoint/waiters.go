@@ -7,7 +7,8 @@ import (
 )
 
 // waiters indexes the endpoints that wait for acknowledgements by the agents
-// they wait for: an agent ("droplet/<name>" or "bouncer/<name>") has a heap of
+// they wait for: an agent ("droplet/<name>", "bouncer/<name>" or
+// "divider/<name>/<subnet>") has a heap of
 // the resourceVersions awaited from it, so a watermark moving releases exactly
 // the endpoints it now covers (an endpoint goes back on the queue once every
 // agent it waits for has covered it) instead of every pending endpoint of a
@@ -63,6 +64,10 @@ func newWaiters() *waiters {
 
 func dropletAgent(name string) string { return "droplet/" + name }
 func bouncerAgent(name string) string { return "bouncer/" + name }
+
+// dividerAgent is a divider as the agent of one subnet's endpoints: its
+// watermarks are per subnet.
+func dividerAgent(name, subnet string) string { return "divider/" + name + "/" + subnet }
 
 // wait registers that key waits for agents to cover rv, and for its subnet's
 // first bouncer if forSubnet. watermark reads an agent's current watermark: it

@@ -18,3 +18,14 @@ func (ep *Endpoint) AwaitsAcknowledgement() bool {
 	}
 	return ep.DeletionTimestamp != nil || ep.Status.Phase != PhaseProvisioned
 }
+
+// AppliedResourceVersion returns the divider's watermark for subnet, or "" when
+// its agent has not applied that subnet's endpoints yet.
+func (st *DividerStatus) AppliedResourceVersion(subnet string) string {
+	for _, w := range st.AppliedResourceVersions {
+		if w.Subnet == subnet {
+			return w.ResourceVersion
+		}
+	}
+	return ""
+}

@@ -162,6 +162,26 @@ type DividerSpec struct {
 // DividerStatus is the observed state of a divider.
 type DividerStatus struct {
 	ProvisioningStatus `json:",inline"`
+	// appliedResourceVersions holds, per subnet of the divider's VPC, the
+	// resourceVersion up to which the agent of the divider's droplet has applied
+	// the subnet's endpoints: every endpoint of the subnet whose resourceVersion is
+	// not greater is programmed. One entry per subnet because the agent follows
+	// each subnet with its own watch stream, and a stream's position says nothing
+	// about the others'. A subnet without an entry is not applied yet. Written by
+	// that agent once per batch of a stream.
+	// +listType=map
+	// +listMapKey=subnet
+	// +optional
+	AppliedResourceVersions []SubnetWatermark `json:"appliedResourceVersions,omitempty"`
+}
+
+// SubnetWatermark is the resourceVersion up to which an agent has applied the
+// endpoints of one subnet.
+type SubnetWatermark struct {
+	// subnet is the subnet's name.
+	Subnet string `json:"subnet"`
+	// resourceVersion is the watermark.
+	ResourceVersion string `json:"resourceVersion"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

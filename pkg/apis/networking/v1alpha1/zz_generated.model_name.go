@@ -127,6 +127,11 @@ func (in SubnetStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in SubnetWatermark) OpenAPIModelName() string {
+	return "dev.mizar.networking.v1alpha1.SubnetWatermark"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in Vpc) OpenAPIModelName() string {
 	return "dev.mizar.networking.v1alpha1.Vpc"
 }

@@ -29,6 +29,14 @@ import (
 // DividerStatus is the observed state of a divider.
 type DividerStatusApplyConfiguration struct {
 	ProvisioningStatusApplyConfiguration `json:",inline"`
+	// appliedResourceVersions holds, per subnet of the divider's VPC, the
+	// resourceVersion up to which the agent of the divider's droplet has applied
+	// the subnet's endpoints: every endpoint of the subnet whose resourceVersion is
+	// not greater is programmed. One entry per subnet because the agent follows
+	// each subnet with its own watch stream, and a stream's position says nothing
+	// about the others'. A subnet without an entry is not applied yet. Written by
+	// that agent once per batch of a stream.
+	AppliedResourceVersions []SubnetWatermarkApplyConfiguration `json:"appliedResourceVersions,omitempty"`
 }
 
 // DividerStatusApplyConfiguration constructs a declarative configuration of the DividerStatus type for use with
@@ -62,6 +70,19 @@ func (b *DividerStatusApplyConfiguration) WithConditions(values ...*v1.Condition
 			panic("nil value passed to WithConditions")
 		}
 		b.ProvisioningStatusApplyConfiguration.Conditions = append(b.ProvisioningStatusApplyConfiguration.Conditions, *values[i])
+	}
+	return b
+}
+
+// WithAppliedResourceVersions adds the given value to the AppliedResourceVersions field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the AppliedResourceVersions field.
+func (b *DividerStatusApplyConfiguration) WithAppliedResourceVersions(values ...*SubnetWatermarkApplyConfiguration) *DividerStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithAppliedResourceVersions")
+		}
+		b.AppliedResourceVersions = append(b.AppliedResourceVersions, *values[i])
 	}
 	return b
 }
