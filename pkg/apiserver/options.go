@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -19,11 +20,16 @@ import (
 	"k8s.io/apiserver/pkg/authorization/path"
 	"k8s.io/apiserver/pkg/authorization/union"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/certauth"
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
 )
@@ -257,8 +263,14 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
+	clientCA := o.clientCAProvider()
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return fmt.Errorf("applying options: %w", err)
+	}
+	if a := cfg.Authentication.Authenticator; a != nil {
+		// Verified client-certificate chains are remembered per CA bundle, so a
+		// client's certificate is not verified again on each of its requests.
+		cfg.Authentication.Authenticator = certauth.New(certauth.NewCache(certauth.DefaultSize), clientCA, cfg.Authentication.RequestHeaderConfig, a)
 	}
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
@@ -401,4 +413,50 @@ func (o *Options) configureAggregated() error {
 		return fmt.Errorf("creating self-signed serving certificate: %w", err)
 	}
 	return nil
+}
+
+// clientCAProvider creates the client CA bundle provider that the delegated
+// authentication would otherwise create inside the library (from
+// --client-ca-file, or kube-system/extension-apiserver-authentication), and
+// hands it to the library, so the certificate cache reads the very bundle the
+// library verifies with and sees each change at the same moment. nil when
+// client certificates are not authenticated, or the provider cannot be made
+// here: the library then builds its own and reports any error itself.
+func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
+	a := o.Recommended.Authentication
+	if a == nil {
+		return nil
+	}
+	if a.ClientCert.CAContentProvider != nil || a.ClientCert.ClientCA != "" {
+		p, err := a.ClientCert.GetClientCAContentProvider()
+		if err != nil {
+			return nil
+		}
+		a.ClientCert.CAContentProvider = p
+		return p
+	}
+	if a.SkipInClusterLookup {
+		return nil
+	}
+	var cfg *rest.Config
+	var err error
+	if a.RemoteKubeConfigFile != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", a.RemoteKubeConfigFile)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil
+	}
+	// The same names the library's own lookup uses.
+	p, err := dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", metav1.NamespaceSystem, "extension-apiserver-authentication", "client-ca-file", client)
+	if err != nil {
+		return nil
+	}
+	a.ClientCert.CAContentProvider = p
+	return p
 }
