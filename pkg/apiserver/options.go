@@ -263,8 +263,8 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
-	clientCA := o.clientCAProvider()
-	if err := o.Recommended.ApplyTo(cfg); err != nil {
+	clientCA, err := o.applyTo(cfg)
+	if err != nil {
 		return fmt.Errorf("applying options: %w", err)
 	}
 	if a := cfg.Authentication.Authenticator; a != nil {
@@ -415,9 +415,24 @@ func (o *Options) configureAggregated() error {
 	return nil
 }
 
+// applyTo applies the options to cfg with the client CA provider of
+// clientCAProvider, which it returns (nil if none).
+func (o *Options) applyTo(cfg *genericapiserver.RecommendedConfig) (dynamiccertificates.CAContentProvider, error) {
+	clientCA := o.clientCAProvider()
+	if clientCA == nil {
+		return nil, o.Recommended.ApplyTo(cfg)
+	}
+	cc := &o.Recommended.Authentication.ClientCert
+	given := cc.CAContentProvider
+	cc.CAContentProvider = clientCA
+	// The options stay as they were given, so another Run makes its own provider.
+	defer func() { cc.CAContentProvider = given }()
+	return clientCA, o.Recommended.ApplyTo(cfg)
+}
+
 // clientCAProvider creates the client CA bundle provider that the delegated
 // authentication would otherwise create inside the library (from
-// --client-ca-file, or kube-system/extension-apiserver-authentication), and
+// --client-ca-file, or kube-system/extension-apiserver-authentication); Run
 // hands it to the library, so the certificate cache reads the very bundle the
 // library verifies with and sees each change at the same moment. nil when
 // client certificates are not authenticated, or the provider cannot be made
@@ -432,7 +447,6 @@ func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
 		if err != nil {
 			return nil
 		}
-		a.ClientCert.CAContentProvider = p
 		return p
 	}
 	if a.SkipInClusterLookup {
@@ -457,6 +471,5 @@ func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
 	if err != nil {
 		return nil
 	}
-	a.ClientCert.CAContentProvider = p
 	return p
 }

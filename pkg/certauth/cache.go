@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/binary"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,8 +86,9 @@ func (c *Cache) Verify(peers []*x509.Certificate, p dynamiccertificates.CAConten
 	if !ok {
 		return nil, false, nil
 	}
-	// A fixed verification time is not "now": nothing to cache.
-	cacheable := opts.CurrentTime.IsZero() && len(bundle) > 0
+	// A fixed verification time is not "now": nothing to cache. A provider of
+	// a type that cannot be a map key (a slice-based union) is not cached either.
+	cacheable := opts.CurrentTime.IsZero() && len(bundle) > 0 && reflect.TypeOf(p).Comparable()
 	key := cacheKey{provider: p, certs: hashCerts(peers)}
 	now := c.now()
 	if cacheable {

@@ -357,3 +357,19 @@ func sameUser(a, b *authenticator.Response) bool {
 	return a.User.GetName() == b.User.GetName() && a.User.GetUID() == b.User.GetUID() &&
 		reflect.DeepEqual(a.User.GetGroups(), b.User.GetGroups()) && reflect.DeepEqual(a.User.GetExtra(), b.User.GetExtra())
 }
+
+// A provider that cannot be a map key (the library's union of bundles is a
+// slice) is verified every time instead of panicking.
+func TestCacheVerifiesUncacheableProviders(t *testing.T) {
+	a, b := newCA(t, "a"), newCA(t, "b")
+	union := dynamiccertificates.NewUnionCAContentProvider(newCAFile(t, "a", a).p, newCAFile(t, "b", b).p)
+	c := NewCache(0)
+	for range 2 {
+		if _, ok, err := c.Verify([]*x509.Certificate{b.client(t, "bob")}, union); !ok || err != nil {
+			t.Fatalf("a certificate of the union's second CA: %v, %v", ok, err)
+		}
+	}
+	if c.Len() != 0 {
+		t.Errorf("%d entries for an uncacheable provider", c.Len())
+	}
+}
