@@ -31,7 +31,7 @@ type testCA struct {
 
 var serial int64
 
-func newCA(t *testing.T, name string) *testCA {
+func newCA(t testing.TB, name string) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -59,7 +59,7 @@ func newCA(t *testing.T, name string) *testCA {
 }
 
 // issue signs a client certificate for cn valid in [notBefore, notAfter].
-func (ca *testCA) issue(t *testing.T, cn string, notBefore, notAfter time.Time) *x509.Certificate {
+func (ca *testCA) issue(t testing.TB, cn string, notBefore, notAfter time.Time) *x509.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -85,7 +85,7 @@ func (ca *testCA) issue(t *testing.T, cn string, notBefore, notAfter time.Time) 
 	return cert
 }
 
-func (ca *testCA) client(t *testing.T, cn string) *x509.Certificate {
+func (ca *testCA) client(t testing.TB, cn string) *x509.Certificate {
 	return ca.issue(t, cn, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 }
 
@@ -371,5 +371,60 @@ func TestCacheVerifiesUncacheableProviders(t *testing.T) {
 	}
 	if c.Len() != 0 {
 		t.Errorf("%d entries for an uncacheable provider", c.Len())
+	}
+}
+
+// BenchmarkAuthenticate compares the library's delegating authenticator with
+// the cache in front of it, for a client certificate and for the front proxy.
+func BenchmarkAuthenticate(b *testing.B) {
+	clientCA, proxyCA := newCA(b, "client-ca"), newCA(b, "front-proxy-ca")
+	dir := b.TempDir()
+	file := func(name string, ca *testCA) *dynamiccertificates.DynamicFileCAContent {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		p, err := dynamiccertificates.NewDynamicCAContentFromFile(name, path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	clients, proxies := file("client-ca", clientCA), file("front-proxy-ca", proxyCA)
+	rh := &authenticatorfactory.RequestHeaderConfig{
+		UsernameHeaders:     headerrequest.StaticStringSlice{"X-Remote-User"},
+		UIDHeaders:          headerrequest.StaticStringSlice{"X-Remote-Uid"},
+		GroupHeaders:        headerrequest.StaticStringSlice{"X-Remote-Group"},
+		ExtraHeaderPrefixes: headerrequest.StaticStringSlice{"X-Remote-Extra-"},
+		CAContentProvider:   proxies,
+		AllowedClientNames:  headerrequest.StaticStringSlice{"front-proxy-client"},
+	}
+	library, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{
+		Anonymous:                          &apiserver.AnonymousAuthConfig{Enabled: true},
+		ClientCertificateCAContentProvider: clients,
+		RequestHeaderConfig:                rh,
+	}.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cached := New(NewCache(0), clients, rh, library)
+	alice, proxy := clientCA.client(b, "alice"), proxyCA.client(b, "front-proxy-client")
+	for _, r := range []struct {
+		name    string
+		cert    *x509.Certificate
+		headers http.Header
+	}{{"client", alice, nil}, {"front-proxy", proxy, http.Header{"X-Remote-User": {"bob"}, "X-Remote-Group": {"devs"}}}} {
+		for _, a := range []struct {
+			name string
+			a    authenticator.Request
+		}{{"library", library}, {"cached", cached}} {
+			b.Run(r.name+"/"+a.name, func(b *testing.B) {
+				for b.Loop() {
+					if _, ok, err := a.a.AuthenticateRequest(request(r.cert, r.headers)); !ok || err != nil {
+						b.Fatal(ok, err)
+					}
+				}
+			})
+		}
 	}
 }
