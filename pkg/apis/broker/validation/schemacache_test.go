@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/kube-openapi/pkg/validation/strfmt"
 	"k8s.io/kube-openapi/pkg/validation/validate"
 
 	"mizar.dev/pkg/apis/broker"
@@ -74,4 +75,33 @@ func TestSchemaCacheIsBounded(t *testing.T) {
 	if len(c.byRaw) > maxCachedSchemas {
 		t.Fatalf("%d schemas kept; at most %d", len(c.byRaw), maxCachedSchemas)
 	}
+}
+
+// BenchmarkValidateParameters compares checking an order against the mysql
+// plan's schema parsed for each order (as before the cache) with the cache.
+func BenchmarkValidateParameters(b *testing.B) {
+	p := plan(`{"$schema":"http://json-schema.org/draft-04/schema#","type":"object","additionalProperties":false,` +
+		`"properties":{"database":{"type":"string","description":"Name of the database created for the application.","pattern":"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$"},` +
+		`"characterSet":{"type":"string","enum":["utf8mb4","latin1"]},"maxConnections":{"type":"integer","minimum":10,"maximum":5000}}}`)
+	in := params(`{"database":"app","characterSet":"utf8mb4","maxConnections":100}`)
+	path := field.NewPath("spec", "parameters")
+	b.Run("parsed-each-time", func(b *testing.B) {
+		for b.Loop() {
+			s, err := ParseSchema(p.ParametersSchema)
+			if err != nil {
+				b.Fatal(err)
+			}
+			data, _ := decodeParameters(in)
+			if res := validate.NewSchemaValidator(s, nil, "", strfmt.Default).Validate(data); len(res.Errors) != 0 {
+				b.Fatal(res.Errors)
+			}
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		for b.Loop() {
+			if errs := ValidateParameters(p, in, path); len(errs) != 0 {
+				b.Fatal(errs)
+			}
+		}
+	})
 }
