@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -19,11 +20,16 @@ import (
 	"k8s.io/apiserver/pkg/authorization/path"
 	"k8s.io/apiserver/pkg/authorization/union"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/certauth"
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
 )
@@ -257,8 +263,14 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg := NewRecommendedConfig()
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
-	if err := o.Recommended.ApplyTo(cfg); err != nil {
+	clientCA, err := o.applyTo(cfg)
+	if err != nil {
 		return fmt.Errorf("applying options: %w", err)
+	}
+	if a := cfg.Authentication.Authenticator; a != nil {
+		// Verified client-certificate chains are remembered per CA bundle, so a
+		// client's certificate is not verified again on each of its requests.
+		cfg.Authentication.Authenticator = certauth.New(certauth.NewCache(certauth.DefaultSize), clientCA, cfg.Authentication.RequestHeaderConfig, a)
 	}
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
@@ -401,4 +413,63 @@ func (o *Options) configureAggregated() error {
 		return fmt.Errorf("creating self-signed serving certificate: %w", err)
 	}
 	return nil
+}
+
+// applyTo applies the options to cfg with the client CA provider of
+// clientCAProvider, which it returns (nil if none).
+func (o *Options) applyTo(cfg *genericapiserver.RecommendedConfig) (dynamiccertificates.CAContentProvider, error) {
+	clientCA := o.clientCAProvider()
+	if clientCA == nil {
+		return nil, o.Recommended.ApplyTo(cfg)
+	}
+	cc := &o.Recommended.Authentication.ClientCert
+	given := cc.CAContentProvider
+	cc.CAContentProvider = clientCA
+	// The options stay as they were given, so another Run makes its own provider.
+	defer func() { cc.CAContentProvider = given }()
+	return clientCA, o.Recommended.ApplyTo(cfg)
+}
+
+// clientCAProvider creates the client CA bundle provider that the delegated
+// authentication would otherwise create inside the library (from
+// --client-ca-file, or kube-system/extension-apiserver-authentication); Run
+// hands it to the library, so the certificate cache reads the very bundle the
+// library verifies with and sees each change at the same moment. nil when
+// client certificates are not authenticated, or the provider cannot be made
+// here: the library then builds its own and reports any error itself.
+func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
+	a := o.Recommended.Authentication
+	if a == nil {
+		return nil
+	}
+	if a.ClientCert.CAContentProvider != nil || a.ClientCert.ClientCA != "" {
+		p, err := a.ClientCert.GetClientCAContentProvider()
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+	if a.SkipInClusterLookup {
+		return nil
+	}
+	var cfg *rest.Config
+	var err error
+	if a.RemoteKubeConfigFile != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", a.RemoteKubeConfigFile)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil
+	}
+	// The same names the library's own lookup uses.
+	p, err := dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", metav1.NamespaceSystem, "extension-apiserver-authentication", "client-ca-file", client)
+	if err != nil {
+		return nil
+	}
+	return p
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"code.cloudfoundry.org/brokerapi/v13"
@@ -24,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -54,6 +56,10 @@ type Broker struct {
 	// classes is the catalog, watched: every provision reads it twice.
 	classes  brokerlisters.ServiceClassLister
 	informer cache.SharedIndexInformer
+	// catalog converts each class once per resourceVersion: parsing every
+	// plan's schema again was most of a provision's CPU in this facade.
+	catalogMu sync.Mutex
+	catalog   map[types.UID]catalogEntry
 }
 
 var _ domain.ServiceBroker = &Broker{}
@@ -125,7 +131,8 @@ var (
 	errBadParams = func(err error) error { return failure(err, http.StatusBadRequest, "ValidationFailed") }
 )
 
-// Services is the catalog, read from the ServiceClasses.
+// Services is the catalog, read from the ServiceClasses. Every provision
+// reads it too (the library checks the service and plan ids against it).
 func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
 	classes, err := b.classes.List(labels.Everything())
 	if err != nil {
@@ -133,28 +140,63 @@ func (b *Broker) Services(ctx context.Context) ([]domain.Service, error) {
 	}
 	sort.Slice(classes, func(i, j int) bool { return classes[i].Name < classes[j].Name })
 	out := make([]domain.Service, 0, len(classes))
+	b.catalogMu.Lock()
+	defer b.catalogMu.Unlock()
+	if b.catalog == nil {
+		b.catalog = map[types.UID]catalogEntry{}
+	}
 	for _, c := range classes {
-		s := domain.Service{
-			ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
-			PlanUpdatable: true, Tags: []string{c.Name},
+		e, ok := b.catalog[c.UID]
+		if !ok || e.resourceVersion != c.ResourceVersion {
+			e = catalogEntry{resourceVersion: c.ResourceVersion, service: service(c)}
+			b.catalog[c.UID] = e
 		}
-		for _, p := range c.Spec.Plans {
-			plan := domain.ServicePlan{ID: p.ID, Name: p.Name, Description: p.Description, Free: domain.FreeValue(true)}
-			if p.MaxProvisioningDuration != nil {
-				secs := int(p.MaxProvisioningDuration.Seconds())
-				plan.MaximumPollingDuration = &secs
-			}
-			if p.ParametersSchema != nil {
-				var schema map[string]any
-				if err := json.Unmarshal(p.ParametersSchema.Raw, &schema); err == nil {
-					plan.Schemas = &domain.ServiceSchemas{Instance: domain.ServiceInstanceSchema{Create: domain.Schema{Parameters: schema}}}
-				}
-			}
-			s.Plans = append(s.Plans, plan)
+		out = append(out, e.service)
+	}
+	if len(b.catalog) > len(classes) {
+		// A class went: forget what is not listed any more.
+		live := make(map[types.UID]bool, len(classes))
+		for _, c := range classes {
+			live[c.UID] = true
 		}
-		out = append(out, s)
+		for uid := range b.catalog {
+			if !live[uid] {
+				delete(b.catalog, uid)
+			}
+		}
 	}
 	return out, nil
+}
+
+// catalogEntry is a class as the OSB catalog shows it, for the class's
+// resourceVersion it was made from. Callers only read it (the library encodes
+// it, or looks ids up in it), so answers share it.
+type catalogEntry struct {
+	resourceVersion string
+	service         domain.Service
+}
+
+// service is a class as an OSB catalog entry.
+func service(c *brokerv1.ServiceClass) domain.Service {
+	s := domain.Service{
+		ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
+		PlanUpdatable: true, Tags: []string{c.Name},
+	}
+	for _, p := range c.Spec.Plans {
+		plan := domain.ServicePlan{ID: p.ID, Name: p.Name, Description: p.Description, Free: domain.FreeValue(true)}
+		if p.MaxProvisioningDuration != nil {
+			secs := int(p.MaxProvisioningDuration.Seconds())
+			plan.MaximumPollingDuration = &secs
+		}
+		if p.ParametersSchema != nil {
+			var schema map[string]any
+			if err := json.Unmarshal(p.ParametersSchema.Raw, &schema); err == nil {
+				plan.Schemas = &domain.ServiceSchemas{Instance: domain.ServiceInstanceSchema{Create: domain.Schema{Parameters: schema}}}
+			}
+		}
+		s.Plans = append(s.Plans, plan)
+	}
+	return s
 }
 
 // classFor finds the class and plan names of OSB service and plan ids.

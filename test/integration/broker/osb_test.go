@@ -379,3 +379,65 @@ func startBroker(t testing.TB, kube *kubefake.Clientset, ns string) *osb.Broker 
 	}
 	return b
 }
+
+// TestOSBCatalogFollowsClasses changes a class's plan (its description and
+// its parameter schema) and then deletes the class: the catalog, which the
+// facade converts once per class version, and the server's parameter check,
+// which keeps a validator per schema, both follow at once.
+func TestOSBCatalogFollowsClasses(t *testing.T) {
+	f := newOSB(t)
+	ctx := testContext(t)
+	small := func() map[string]any {
+		cat := f.expect(f.do("GET", "/v2/catalog", nil, nil), 200, "catalog")
+		for _, s := range cat.body["services"].([]any) {
+			if s := s.(map[string]any); s["id"] == f.serviceID {
+				return s["plans"].([]any)[0].(map[string]any)
+			}
+		}
+		return nil
+	}
+	if small() == nil {
+		t.Fatalf("the catalog lacks service %s", f.serviceID)
+	}
+	ok := map[string]any{"database": "app", "characterSet": "latin1"}
+	f.expect(f.do("PUT", "/v2/service_instances/cat1?accepts_incomplete=true", f.provisionBody(f.smallID, ok), nil), 202, "provision with latin1")
+
+	c, err := shared.Client.BrokerV1alpha1().ServiceClasses().Get(ctx, f.class.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Spec.Plans[0].Description = "changed " + utilrand.String(6)
+	schema := strings.Replace(string(c.Spec.Plans[0].ParametersSchema.Raw), `"latin1"`, `"ascii"`, 1)
+	if schema == string(c.Spec.Plans[0].ParametersSchema.Raw) {
+		t.Fatalf("the small plan's schema has no latin1 to replace: %s", schema)
+	}
+	c.Spec.Plans[0].ParametersSchema.Raw = []byte(schema)
+	if _, err := shared.Client.BrokerV1alpha1().ServiceClasses().Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		p := small()
+		return p != nil && p["description"] == c.Spec.Plans[0].Description && strings.Contains(fmt.Sprint(p["schemas"]), "ascii"), nil
+	})
+	if err != nil {
+		t.Fatalf("the catalog never showed the changed plan: %v", small())
+	}
+	// The server checks orders against the new schema at once.
+	r := f.do("PUT", "/v2/service_instances/cat2?accepts_incomplete=true", f.provisionBody(f.smallID, ok), nil)
+	f.expect(r, 400, "provision with latin1, no longer allowed")
+	if !strings.Contains(fmt.Sprint(r.body), "characterSet") {
+		t.Errorf("the refusal does not name characterSet: %v", r.body)
+	}
+	f.expect(f.do("PUT", "/v2/service_instances/cat3?accepts_incomplete=true",
+		f.provisionBody(f.smallID, map[string]any{"characterSet": "ascii"}), nil), 202, "provision with ascii, now allowed")
+
+	if err := shared.Client.BrokerV1alpha1().ServiceClasses().Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return small() == nil, nil
+	})
+	if err != nil {
+		t.Fatal("the catalog still offers a deleted class")
+	}
+}

@@ -20,8 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	openapierrors "k8s.io/kube-openapi/pkg/validation/errors"
 	"k8s.io/kube-openapi/pkg/validation/spec"
-	"k8s.io/kube-openapi/pkg/validation/strfmt"
-	"k8s.io/kube-openapi/pkg/validation/validate"
 
 	"mizar.dev/pkg/apis/broker"
 )
@@ -210,7 +208,7 @@ func ValidateParameters(plan *broker.ServicePlan, params *runtime.RawExtension, 
 		}
 		return nil
 	}
-	schema, err := ParseSchema(plan.ParametersSchema)
+	validator, err := schemaValidators.get(plan.ParametersSchema)
 	if err != nil {
 		// The class was validated when stored; this is an internal inconsistency.
 		return field.ErrorList{field.InternalError(path, fmt.Errorf("plan %s has an unusable schema: %w", plan.Name, err))}
@@ -218,7 +216,7 @@ func ValidateParameters(plan *broker.ServicePlan, params *runtime.RawExtension, 
 	if data == nil {
 		data = map[string]any{}
 	}
-	res := validate.NewSchemaValidator(schema, nil, "", strfmt.Default).Validate(data)
+	res := validator.Validate(data)
 	var errs field.ErrorList
 	for _, e := range res.Errors {
 		errs = append(errs, schemaError(path, e))
