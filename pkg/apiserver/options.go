@@ -20,6 +20,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/union"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
+	"k8s.io/apiserver/pkg/storage/etcd3"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/klog/v2"
@@ -260,6 +261,16 @@ func (o *Options) Run(ctx context.Context) error {
 	if err := o.Recommended.ApplyTo(cfg); err != nil {
 		return fmt.Errorf("applying options: %w", err)
 	}
+	// Creates with claims write them in the object's transaction, through a
+	// client of their own as each of the apiserver's stores has one.
+	writes, err := etcd.NewClient(o.Recommended.Etcd.StorageConfig.Transport)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { _ = writes.Close() })
+	// Counted in the request's etcd latency, as the factory's clients are.
+	writes.KV = etcd3.NewETCDLatencyTracker(writes.KV)
+	cfg.RESTOptionsGetter = claimWritingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, client: claims.Client(writes)}
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
 	}
