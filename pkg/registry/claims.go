@@ -21,13 +21,14 @@ import (
 )
 
 // Claims gives a kind values no two objects may share (see package claim). A
-// create reserves them before its object is written; they are released when the
-// object is deleted, or when the create fails before anything was written.
+// create writes them in the transaction that writes its object; they are
+// released when the object is deleted.
 type Claims[T runtime.Object] struct {
 	Store *claim.Store
 	// Reserve checks a new, statically valid object against the objects it
-	// depends on, fills in what it allocates and claims its values for owner.
-	// When it returns field errors it holds nothing.
+	// depends on, fills in what it allocates and names the values to claim
+	// (Reserver.ClaimKeys, Allocate, ClaimUnchanged), which are written with
+	// the object.
 	Reserve func(ctx context.Context, r *Reserver[T], obj T) (field.ErrorList, error)
 	// Keys are the claims a stored object holds, with the field each comes from.
 	Keys func(obj T) []Key
@@ -167,8 +168,8 @@ func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, confl
 			errs = append(errs, conflict(h))
 		case h.Namespace == r.Owner.Namespace && h.Name == r.Owner.Name,
 			r.Claims.Orphaned(h, time.Now()):
-			// Same name: an earlier try of this create cut off by a crash (or one
-			// racing it, of which etcd stores at most one: see handOver).
+			// Same name: left by an earlier create of this name whose object is
+			// gone (claims written with an object never outlive a failed create).
 			klog.InfoS("Reclaiming an orphaned claim", "key", h.Key, "owner", h.Owner.String())
 			if err := r.Claims.Drop(ctx, h); err != nil {
 				return nil, StorageError(err)
