@@ -402,6 +402,9 @@ func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Cont
 			}
 			if counted {
 				if tries++; tries >= c.policy.max {
+					if c.policy.exhausted == nil {
+						return nil, apierrors.NewConflict(k.Resource, c.Owner.Name, errors.New("its values were claimed concurrently; retry"))
+					}
 					return nil, c.policy.exhausted()
 				}
 			}
