@@ -22,6 +22,7 @@ import (
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
+	"k8s.io/apiserver/pkg/storage/etcd3"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/kubernetes"
@@ -272,6 +273,16 @@ func (o *Options) Run(ctx context.Context) error {
 		// client's certificate is not verified again on each of its requests.
 		cfg.Authentication.Authenticator = certauth.New(certauth.NewCache(certauth.DefaultSize), clientCA, cfg.Authentication.RequestHeaderConfig, a)
 	}
+	// Creates with claims write them in the object's transaction, through a
+	// client of their own as each of the apiserver's stores has one.
+	writes, err := etcd.NewClient(o.Recommended.Etcd.StorageConfig.Transport)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { _ = writes.Close() })
+	// Counted in the request's etcd latency, as the factory's clients are.
+	writes.KV = etcd3.NewETCDLatencyTracker(writes.KV)
+	cfg.RESTOptionsGetter = claimWritingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, client: claims.Client(writes)}
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
 	}

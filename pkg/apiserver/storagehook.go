@@ -1,13 +1,22 @@
 package apiserver
 
 import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.etcd.io/etcd/client/v3/kubernetes"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/registry/generic"
 	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/etcd3"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	"k8s.io/client-go/tools/cache"
+
+	"mizar.dev/pkg/claim"
 )
 
 // StorageWrapper wraps the storage of one resource (above the watch cache). It
@@ -35,4 +44,86 @@ func (g wrappingOptionsGetter) GetRESTOptions(resource schema.GroupResource, exa
 		return g.wrap(resource, s), destroy, nil
 	}
 	return opts, nil
+}
+
+// claimWritingOptionsGetter gives every resource's storage a second store for
+// creates that carry claims (claim.PendingFrom): k8s.io/apiserver's own etcd3
+// store (its codec, transformer and metrics) on an etcd client whose creates
+// write the claims in the object's transaction (claim.Store.Client). Reads,
+// watches and every other write keep the storage the options build: the watch
+// cache over the factory's store, with its compactor and monitors. Giving the
+// factory's store itself that client is not possible: the factory builds its
+// client in unexported code (newETCD3Client), and StorageWithCacher builds the
+// watch cache only over a store the factory makes.
+type claimWritingOptionsGetter struct {
+	generic.RESTOptionsGetter
+	client *kubernetes.Client
+}
+
+func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
+	opts, err := g.RESTOptionsGetter.GetRESTOptions(resource, example)
+	if err != nil {
+		return opts, err
+	}
+	decorate := opts.Decorator
+	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, keyFunc func(runtime.Object) (string, error),
+		newFunc, newListFunc func() runtime.Object, getAttrs storage.AttrFunc, trigger storage.IndexerFuncs, indexers *cache.Indexers,
+	) (storage.Interface, factory.DestroyFunc, error) {
+		s, destroy, err := decorate(config, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, trigger, indexers)
+		if err != nil {
+			return s, destroy, err
+		}
+		transformer := config.Transformer
+		if transformer == nil {
+			transformer = identity.NewEncryptCheckTransformer()
+		}
+		versioner := storage.APIObjectVersioner{}
+		writer, err := etcd3.New(g.client, nil, config.Codec, newFunc, newListFunc, config.Prefix, resourcePrefix, config.GroupResource,
+			transformer, config.LeaseManagerConfig, etcd3.NewDefaultDecoder(config.Codec, versioner), versioner)
+		if err != nil {
+			destroy()
+			return nil, nil, fmt.Errorf("building the claim-writing store of %s: %w", resource, err)
+		}
+		var once sync.Once
+		return &claimWritingStorage{Interface: s, writer: writer, newFunc: newFunc}, func() {
+			// Called once per store and subresource.
+			once.Do(func() {
+				destroy()
+				writer.Close()
+			})
+		}, nil
+	}
+	return opts, nil
+}
+
+// claimWritingStorage sends creates that carry claims to writer.
+type claimWritingStorage struct {
+	storage.Interface
+	writer  storage.Interface
+	newFunc func() runtime.Object
+}
+
+func (s *claimWritingStorage) Create(ctx context.Context, key string, obj, out runtime.Object, ttl uint64) error {
+	if claim.PendingFrom(ctx) == nil {
+		return s.Interface.Create(ctx, key, obj, out, ttl)
+	}
+	return s.writer.Create(ctx, key, obj, out, ttl)
+}
+
+// GuaranteedUpdate of an apply that may create the object goes to writer,
+// starting (as the watch cache's own GuaranteedUpdate does) from the cached
+// object when there is one.
+func (s *claimWritingStorage) GuaranteedUpdate(ctx context.Context, key string, destination runtime.Object, ignoreNotFound bool,
+	preconditions *storage.Preconditions, tryUpdate storage.UpdateFunc, cachedExistingObject runtime.Object) error {
+	if claim.PendingFrom(ctx) == nil {
+		return s.Interface.GuaranteedUpdate(ctx, key, destination, ignoreNotFound, preconditions, tryUpdate, cachedExistingObject)
+	}
+	if cachedExistingObject == nil {
+		cur := s.newFunc()
+		if err := s.Interface.Get(ctx, key, storage.GetOptions{ResourceVersion: "0"}, cur); err == nil {
+			// A copy: the update writes its resource version into it.
+			cachedExistingObject = cur.DeepCopyObject()
+		}
+	}
+	return s.writer.GuaranteedUpdate(ctx, key, destination, ignoreNotFound, preconditions, tryUpdate, cachedExistingObject)
 }

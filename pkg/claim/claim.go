@@ -2,11 +2,12 @@
 // endpoint addresses and MACs, droplet addresses, a VPC's subnet ranges) as etcd
 // keys, one key per value, each naming the object that holds it.
 //
-// A create claims its values in one etcd transaction before its object is
-// written: two creates can never both hold a value, whatever the number of
-// server replicas, and nothing is held by a lease or a process. A server that
-// crashes mid-create leaves at most an orphaned claim (its owner was never
-// stored), which Repair removes once it is older than any create can run. This
+// A create claims its values in the etcd transaction that writes its object
+// (Pending, Store.Client): two creates can never both hold a value, whatever
+// the number of server replicas, and nothing is held by a lease or a process.
+// A claim written on its own (an update's, or one of an older server that
+// claimed before writing) whose owner was never stored is an orphan, which
+// Repair removes once it is older than any create can run. This
 // replaces a lease-held lock, which stalled creates for the lease's TTL after a
 // crash and for etcd's request timeout while a leader was down.
 package claim

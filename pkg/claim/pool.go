@@ -26,32 +26,38 @@ type Range struct {
 	Parse    func(s string) (uint32, bool)
 }
 
-// Allocate claims the lowest free value of r for owner, together with the extra
-// keys, in one transaction. The free value is found in an in-memory index of the
-// range (loaded from etcd once, then kept by this server's own claims and
-// releases), so an allocation costs the same in an empty or a full range. The
-// index is a hint: etcd decides, a value another replica claimed meanwhile is
-// skipped, and a range that looks full is reloaded before it is called exhausted.
+// Next takes the lowest free value of r from an in-memory index of the range
+// (loaded from etcd once, then kept by this server's own claims and releases),
+// so finding a value costs the same in an empty or a full range. The index is a
+// hint: etcd decides when the value is claimed; a range that looks full is
+// reloaded before it is called exhausted. The value stays marked used until
+// its claim is released, or Unused says it was never written.
+func (s *Store) Next(ctx context.Context, r Range) (uint32, error) {
+	p := s.pools.get(r)
+	v, ok, err := p.next(ctx, s)
+	if err != nil || ok {
+		return v, err
+	}
+	if err := p.load(ctx, s); err != nil {
+		return 0, err
+	}
+	if v, ok, err = p.next(ctx, s); err != nil || ok {
+		return v, err
+	}
+	return 0, ErrExhausted
+}
+
+// Allocate claims the lowest free value of r (see Next) for owner, together
+// with the extra keys, in one transaction of its own. A value another replica
+// claimed meanwhile is skipped.
 //
 // When an extra key is held by someone else, nothing is claimed and its holders
 // are returned.
 func (s *Store) Allocate(ctx context.Context, r Range, owner Owner, extra ...string) (uint32, []Holder, error) {
-	p := s.pools.get(r)
-	reloaded := false
 	for {
-		v, ok, err := p.next(ctx, s)
+		v, err := s.Next(ctx, r)
 		if err != nil {
 			return 0, nil, err
-		}
-		if !ok {
-			if reloaded {
-				return 0, nil, ErrExhausted
-			}
-			if err := p.load(ctx, s); err != nil {
-				return 0, nil, err
-			}
-			reloaded = true
-			continue
 		}
 		key := r.Prefix + r.Format(v)
 		holders, err := s.Claim(ctx, owner, append([]string{key}, extra...)...)
@@ -73,7 +79,7 @@ func (s *Store) Allocate(ctx context.Context, r Range, owner Owner, extra ...str
 		}
 		if len(others) > 0 {
 			if !valueTaken {
-				p.free(v)
+				s.Unused(key)
 			}
 			return 0, others, nil
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,13 +21,14 @@ import (
 )
 
 // Claims gives a kind values no two objects may share (see package claim). A
-// create reserves them before its object is written; they are released when the
-// object is deleted, or when the create fails before anything was written.
+// create writes them in the transaction that writes its object; they are
+// released when the object is deleted.
 type Claims[T runtime.Object] struct {
 	Store *claim.Store
 	// Reserve checks a new, statically valid object against the objects it
-	// depends on, fills in what it allocates and claims its values for owner.
-	// When it returns field errors it holds nothing.
+	// depends on, fills in what it allocates and names the values to claim
+	// (Reserver.ClaimKeys, Allocate, ClaimUnchanged), which are written with
+	// the object.
 	Reserve func(ctx context.Context, r *Reserver[T], obj T) (field.ErrorList, error)
 	// Keys are the claims a stored object holds, with the field each comes from.
 	Keys func(obj T) []Key
@@ -52,17 +52,36 @@ type Reserver[T runtime.Object] struct {
 	Owner  claim.Owner
 	self   *genericregistry.Store
 	keys   func(T) []Key
+	// create, set for a create, gathers the claims written with the object;
+	// without it (an update) keys are claimed at once.
+	create *createClaims
 }
 
-// ClaimKeys claims keys for the new object. A key held by a live object is a
-// duplicate (422 at its field); one whose holder is gone and older than
-// its grace (claim.OrphanGrace) is taken over; one held by a create still in flight is
-// waited for, briefly.
+// ClaimKeys claims keys for the new object: a create writes them in the
+// transaction that writes the object, an update at once. A key held by a live
+// object is a duplicate (422 at its field); one whose holder is gone and older
+// than its grace (claim.OrphanGrace) is taken over; one held by a create still
+// in flight is waited for, briefly.
 func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorList, error) {
-	names := make([]string, len(keys))
-	for i, k := range keys {
-		names[i] = k.Key
+	duplicate := func(h claim.Holder) *field.Error {
+		k := keyOf(keys, h.Key)
+		dup := field.Duplicate(k.Path, k.Value)
+		dup.Detail = "already used by " + h.Owner.String()
+		return dup
 	}
+	concurrent := func() error {
+		return apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name, errors.New("its values were claimed concurrently; retry"))
+	}
+	if c := r.create; c != nil {
+		c.Keys = append(c.Keys, KeyNames(keys)...)
+		c.policy = &conflictPolicy{max: 3, exhausted: concurrent,
+			resolve: func(ctx context.Context, conflict *claim.ConflictError, _ int) (bool, field.ErrorList, error) {
+				errs, err := r.Resolve(ctx, conflict.Holders, duplicate)
+				return true, errs, err
+			}}
+		return nil, nil
+	}
+	names := KeyNames(keys)
 	for attempt := 0; attempt < 3; attempt++ {
 		holders, err := r.Claims.Claim(ctx, r.Owner, names...)
 		if err != nil {
@@ -71,17 +90,64 @@ func (r *Reserver[T]) ClaimKeys(ctx context.Context, keys ...Key) (field.ErrorLi
 		if len(holders) == 0 {
 			return nil, nil
 		}
-		errs, err := r.Resolve(ctx, holders, func(h claim.Holder) *field.Error {
-			k := keyOf(keys, h.Key)
-			dup := field.Duplicate(k.Path, k.Value)
-			dup.Detail = "already used by " + h.Owner.String()
-			return dup
-		})
+		errs, err := r.Resolve(ctx, holders, duplicate)
 		if err != nil || len(errs) > 0 {
 			return errs, err
 		}
 	}
-	return nil, apierrors.NewConflict(r.self.DefaultQualifiedResource, r.Owner.Name, errors.New("its values were claimed concurrently; retry"))
+	return nil, concurrent()
+}
+
+// Allocate gives the new object the lowest free value of rng (claim.Store.Next),
+// claimed with extra in the transaction that writes the object. A value another
+// create got first is skipped; an extra key held by a live object is reported
+// through conflict, and exhausted is the answer when extra keys stay contended.
+func (r *Reserver[T]) Allocate(ctx context.Context, rng claim.Range, extra []Key, conflict func(claim.Holder) *field.Error, exhausted func() error) (uint32, error) {
+	c := r.create
+	if c == nil {
+		return 0, errors.New("registry: Allocate is for creates only")
+	}
+	v, err := r.Claims.Next(ctx, rng)
+	if err != nil {
+		return 0, err
+	}
+	key := rng.Prefix + rng.Format(v)
+	c.Keys = append(append(c.Keys, key), KeyNames(extra)...)
+	c.allocated = key
+	c.policy = &conflictPolicy{max: 3, exhausted: exhausted,
+		resolve: func(ctx context.Context, ce *claim.ConflictError, _ int) (bool, field.ErrorList, error) {
+			var others []claim.Holder
+			for _, h := range ce.Holders {
+				if h.Key != key {
+					others = append(others, h)
+				}
+			}
+			if len(others) == 0 {
+				return false, nil, nil // the value went to another create: the next try takes the next one
+			}
+			errs, err := r.Resolve(ctx, others, conflict)
+			return true, errs, err
+		}}
+	return v, nil
+}
+
+// ClaimUnchanged claims keys with the new object only if no claim under guard
+// was written after rev (a check made on a List of that range at rev still
+// holds); when one was, the create is tried again (with a short, growing sleep)
+// and exhausted is the answer after five tries.
+func (r *Reserver[T]) ClaimUnchanged(guard string, rev int64, exhausted func() error, keys ...Key) error {
+	c := r.create
+	if c == nil {
+		return errors.New("registry: ClaimUnchanged is for creates only")
+	}
+	c.Keys = append(c.Keys, KeyNames(keys)...)
+	c.Guard, c.Rev = guard, rev
+	c.policy = &conflictPolicy{max: 5, exhausted: exhausted,
+		resolve: func(_ context.Context, _ *claim.ConflictError, tries int) (bool, field.ErrorList, error) {
+			time.Sleep(time.Duration(tries+1) * time.Millisecond)
+			return true, nil, nil
+		}}
+	return nil
 }
 
 // Resolve looks at claims held by others: a live holder is reported through
@@ -102,8 +168,8 @@ func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, confl
 			errs = append(errs, conflict(h))
 		case h.Namespace == r.Owner.Namespace && h.Name == r.Owner.Name,
 			r.Claims.Orphaned(h, time.Now()):
-			// Same name: an earlier try of this create cut off by a crash (or one
-			// racing it, of which etcd stores at most one: see handOver).
+			// Same name: left by an earlier create of this name whose object is
+			// gone (claims written with an object never outlive a failed create).
 			klog.InfoS("Reclaiming an orphaned claim", "key", h.Key, "owner", h.Owner.String())
 			if err := r.Claims.Drop(ctx, h); err != nil {
 				return nil, StorageError(err)
@@ -211,15 +277,12 @@ func KeyNames(keys []Key) []string {
 	return out
 }
 
-// beginCreate reserves a new object's claims. The store calls it before the
-// strategy's own validation, so static validation runs here first: only a
-// well-formed object claims anything, and a bad one gets every static error at once.
-//
-// The finish function runs with stored == true also before the write of a
-// server-side-apply create; claims of a write that then fails are left to
-// Repair. A create whose write was attempted and failed in an unknown way
-// (etcd may have committed it) keeps its claims for the same reason.
-func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.Store, attempts *createAttempts) genericregistry.BeginCreateFunc {
+// beginCreate reserves a new object's claims: they are written with the
+// object, in one transaction (see createWithClaims). The store calls it before
+// the strategy's own validation, so static validation runs here first: only a
+// well-formed object claims anything, and a bad one gets every static error at
+// once.
+func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.Store) genericregistry.BeginCreateFunc {
 	c := k.Claims
 	return func(ctx context.Context, obj runtime.Object, opts *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
 		t := must[T](obj)
@@ -227,7 +290,13 @@ func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.
 		if errs := k.Validate(t); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(gk, name, errs)
 		}
-		r := &Reserver[T]{Claims: c.Store, Owner: k.owner(obj), self: self, keys: c.Keys}
+		create := createClaimsFrom(ctx)
+		if create == nil {
+			// Every create of a kind with claims comes through REST.Create or REST.Update.
+			return nil, apierrors.NewInternalError(fmt.Errorf("a create of %s %q came without its claims", k.Resource, name))
+		}
+		r := &Reserver[T]{Claims: c.Store, Owner: k.owner(obj), self: self, keys: c.Keys, create: create}
+		create.reset(r.Owner)
 		errs, err := c.Reserve(ctx, r, t)
 		if err != nil {
 			return nil, StorageError(err)
@@ -235,21 +304,111 @@ func (k *Kind[T, S, St]) beginCreate(gk schema.GroupKind, self *genericregistry.
 		if len(errs) > 0 {
 			return nil, apierrors.NewInvalid(gk, name, errs)
 		}
-		dryRun := opts != nil && len(opts.DryRun) > 0
-		return func(ctx context.Context, stored bool) {
-			if stored && !dryRun {
-				return
+		if opts != nil && len(opts.DryRun) > 0 {
+			// Nothing is written, so etcd checks no claim: read them instead.
+			holders, err := c.Store.Holders(ctx, r.Owner.UID, create.Keys...)
+			if err != nil {
+				return nil, StorageError(err)
 			}
-			written, err := attempts.take(obj)
-			switch {
-			case dryRun || !written:
-				release(ctx, c.Store, r.Owner.UID, KeyNames(c.Keys(t)))
-			case storage.IsExist(err):
-				k.handOver(ctx, self, r.Owner.UID, t)
-			default:
-				klog.InfoS("Create failed after its write was sent; its claims stay until Repair checks them", "resource", k.Resource, "name", name, "err", err)
+			if len(holders) > 0 {
+				return nil, &claim.ConflictError{Holders: holders}
 			}
-		}, nil
+		}
+		return func(context.Context, bool) {}, nil
+	}
+}
+
+// createClaims are the claims of one create of a kind with claims. REST.Create
+// and REST.Update put them in the create's context; BeginCreate fills them in
+// (Reserve); the storage writes them with the object (claim.Store.Client).
+type createClaims struct {
+	claim.Pending
+	store *claim.Store
+	// allocated is the key of the value Allocate took from the index.
+	allocated string
+	// policy says what to do when etcd refuses the claims.
+	policy *conflictPolicy
+}
+
+// conflictPolicy handles a create refused because of its claims.
+type conflictPolicy struct {
+	// resolve looks at the holders (tries: refusals counted so far): field
+	// errors end the create, counted says the refusal counts towards max.
+	resolve func(ctx context.Context, c *claim.ConflictError, tries int) (counted bool, errs field.ErrorList, err error)
+	max     int
+	// exhausted is the answer after max counted refusals.
+	exhausted func() error
+}
+
+type createClaimsKey struct{}
+
+func createClaimsFrom(ctx context.Context) *createClaims {
+	c, _ := ctx.Value(createClaimsKey{}).(*createClaims)
+	return c
+}
+
+// reset starts the claims of a new try of the create (the store may run
+// BeginCreate more than once: a generated name taken, an apply retried).
+func (c *createClaims) reset(owner claim.Owner) {
+	c.settle(nil)
+	c.Pending = claim.Pending{Owner: owner}
+	c.policy = nil
+}
+
+// settle frees the allocated value in the index when nothing was written,
+// unless err says another holder has it.
+func (c *createClaims) settle(err error) {
+	if c.allocated == "" {
+		return
+	}
+	if o := c.Outcome(); o == claim.NotSent || o == claim.Refused {
+		taken := false
+		var conflict *claim.ConflictError
+		if errors.As(err, &conflict) {
+			taken = slices.ContainsFunc(conflict.Holders, func(h claim.Holder) bool { return h.Key == c.allocated })
+		}
+		if !taken {
+			c.store.Unused(c.allocated)
+		}
+	}
+	c.allocated = ""
+}
+
+// createWithClaims runs create (a Store.Create or an apply's Store.Update) with
+// fresh claims in its context until etcd takes them or the kind's policy gives
+// an answer: a live holder is a 422, an orphan is taken over, a create in
+// flight is waited for, an allocated value someone else got is replaced by the
+// next one.
+func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Context, func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
+	return func(ctx context.Context, create func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
+		tries := 0
+		for {
+			c := &createClaims{store: k.Claims.Store}
+			out, err := create(claim.WithPending(context.WithValue(ctx, createClaimsKey{}, c), &c.Pending))
+			c.settle(err)
+			var conflict *claim.ConflictError
+			if !errors.As(err, &conflict) {
+				return out, err
+			}
+			if c.policy == nil {
+				return nil, apierrors.NewInternalError(fmt.Errorf("claims of %s %q refused without a policy: %w", k.Resource, c.Owner.Name, err))
+			}
+			counted, errs, err := c.policy.resolve(ctx, conflict, tries)
+			if err != nil {
+				return nil, err
+			}
+			if len(errs) > 0 {
+				return nil, apierrors.NewInvalid(gk, c.Owner.Name, errs)
+			}
+			if counted {
+				if tries++; tries >= c.policy.max {
+					if c.policy.exhausted == nil {
+						return nil, apierrors.NewConflict(k.Resource, c.Owner.Name, errors.New("its values were claimed concurrently; retry"))
+					}
+					return nil, c.policy.exhausted()
+				}
+			}
+		}
 	}
 }
 
@@ -291,63 +450,11 @@ func release(ctx context.Context, s *claim.Store, uid string, keys []string) {
 	}
 }
 
-// handOver settles the claims of a create that lost to an object of the same
-// name: claims that object holds become its own, the rest are released.
-func (k *Kind[T, S, St]) handOver(ctx context.Context, self *genericregistry.Store, uid string, lost T) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	m := objectMeta(lost)
-	existing, err := self.Get(genericapirequest.WithNamespace(ctx, m.GetNamespace()), m.GetName(), &metav1.GetOptions{})
-	if err != nil {
-		release(ctx, k.Claims.Store, uid, KeyNames(k.Claims.Keys(lost)))
-		return
-	}
-	winner := k.owner(existing)
-	for _, key := range KeyNames(k.Claims.Keys(lost)) {
-		h, err := k.Claims.Store.Get(ctx, key)
-		if err != nil || h == nil || h.UID != uid {
-			continue
-		}
-		if slices.Contains(KeyNames(k.Claims.Keys(must[T](existing))), key) {
-			_, err = k.Claims.Store.Take(ctx, *h, winner)
-		} else {
-			err = k.Claims.Store.Drop(ctx, *h)
-		}
-		if err != nil {
-			klog.ErrorS(err, "Settling the claims of a create that lost to an existing object; Repair will", "key", key)
-		}
-	}
-}
-
-// createAttempts remembers, between a create's storage write and its finish
-// function, whether a write was sent and how it failed.
-type createAttempts struct{ m sync.Map }
-
-// take reports whether the create's write was sent, and its error.
-func (a *createAttempts) take(obj runtime.Object) (bool, error) {
-	v, ok := a.m.LoadAndDelete(obj)
-	if !ok {
-		return false, nil
-	}
-	err, _ := v.(error)
-	return true, err
-}
-
-// claimingStorage tells createAttempts about each create's write, and releases a
-// deleted object's claims whichever path deleted it (a delete, or the update
-// that removed its last finalizer).
+// claimingStorage releases a deleted object's claims whichever path deleted it
+// (a delete, or the update that removed its last finalizer).
 type claimingStorage[T runtime.Object] struct {
 	storage.Interface
-	attempts *createAttempts
-	claims   *Claims[T]
-}
-
-func (s *claimingStorage[T]) Create(ctx context.Context, key string, obj, out runtime.Object, ttl uint64) error {
-	err := s.Interface.Create(ctx, key, obj, out, ttl)
-	if err != nil {
-		s.attempts.m.Store(obj, err)
-	}
-	return err
+	claims *Claims[T]
 }
 
 func (s *claimingStorage[T]) Delete(ctx context.Context, key string, out runtime.Object, preconditions *storage.Preconditions,

@@ -16,10 +16,10 @@ import (
 )
 
 // repair drops the claims of this kind whose owner is gone or no longer holds
-// them (a create that failed after its write was sent, a server-side-apply
-// create whose write failed, a release that could not reach etcd, a value an
-// update gave up). Only claims older than the store's orphan grace are looked at, so a
-// create still in flight keeps what it claimed.
+// them (a release that could not reach etcd, a value an update claimed before
+// its write failed or gave up, a claim of an older server that claimed before
+// writing). Only claims older than the store's orphan grace are looked at, so
+// an update still in flight keeps what it claimed.
 func (k *Kind[T, S, St]) repair(ctx context.Context, self *genericregistry.Store) (int, error) {
 	c := k.Claims
 	r := &Reserver[T]{Claims: c.Store, self: self, keys: c.Keys}

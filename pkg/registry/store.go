@@ -19,6 +19,36 @@ type REST struct {
 	*genericregistry.Store
 	shortNames []string
 	repair     func(ctx context.Context) (int, error)
+	// withClaims, for kinds with claims, runs a create with the claims written
+	// in its transaction (Kind.createWithClaims).
+	withClaims func(context.Context, func(context.Context) (runtime.Object, error)) (runtime.Object, error)
+}
+
+// Create stores a new object, with its claims when its kind has any.
+func (r *REST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
+	if r.withClaims == nil {
+		return r.Store.Create(ctx, obj, createValidation, options)
+	}
+	return r.withClaims(ctx, func(ctx context.Context) (runtime.Object, error) {
+		// Each try starts from the object as it came: a try fills in allocated values.
+		return r.Store.Create(ctx, obj.DeepCopyObject(), createValidation, options)
+	})
+}
+
+// Update changes an object; an update that may create it (server-side apply)
+// runs as a create with claims when its kind has any.
+func (r *REST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc,
+	updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	if r.withClaims == nil || !forceAllowCreate {
+		return r.Store.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+	}
+	var created bool
+	out, err := r.withClaims(ctx, func(ctx context.Context) (runtime.Object, error) {
+		out, c, err := r.Store.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+		created = c
+		return out, err
+	})
+	return out, created, err
 }
 
 // Repair drops the kind's orphaned claims (see Kind.Claims) and says how many;
@@ -80,9 +110,8 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s is not in the scheme: %w", k.Resource, err)
 	}
-	attempts := &createAttempts{}
 	if k.Claims != nil {
-		store.BeginCreate = k.beginCreate(gvks[0].GroupKind(), store, attempts)
+		store.BeginCreate = k.beginCreate(gvks[0].GroupKind(), store)
 		store.BeginUpdate = k.beginUpdate(store)
 	}
 	trigger, indexers := k.indexers()
@@ -93,7 +122,8 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 
 	rest := &REST{Store: store, shortNames: k.ShortNames}
 	if k.Claims != nil {
-		store.Storage.Storage = &claimingStorage[T]{Interface: store.Storage.Storage, attempts: attempts, claims: k.Claims}
+		store.Storage.Storage = &claimingStorage[T]{Interface: store.Storage.Storage, claims: k.Claims}
+		rest.withClaims = k.createWithClaims(gvks[0].GroupKind())
 		rest.repair = func(ctx context.Context) (int, error) { return k.repair(ctx, store) }
 	}
 

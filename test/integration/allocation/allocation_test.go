@@ -505,3 +505,62 @@ func TestRepairDropsOrphans(t *testing.T) {
 		t.Fatal("the repair loop dropped the claim of a live endpoint")
 	}
 }
+
+// TestClaimsWrittenWithTheObject: an allocated create is one etcd transaction:
+// every claim of a created object (endpoint IP and MAC, VNI, subnet range,
+// droplet address; by create and by server-side apply) was created at the
+// object's own revision.
+func TestClaimsWrittenWithTheObject(t *testing.T) {
+	ctx := testContext(t)
+	c := client().NetworkingV1alpha1()
+	etcdc, err := etcd.NewClient(storagebackend.TransportConfig{ServerList: []string{"unix://" + server.DataDir + "/etcd/client.sock"}})
+	must(t, err)
+	defer etcdc.Close()
+	vpcName, sn := unique(t, "vpc"), unique(t, "net")
+	vpc, err := c.Vpcs().Create(ctx, fixtures.Vpc(vpcName, "10.97.0.0/16", 0), metav1.CreateOptions{})
+	must(t, err)
+	_, err = c.Subnets().Create(ctx, fixtures.Subnet(sn, vpcName, "10.97.1.0/24"), metav1.CreateOptions{})
+	must(t, err)
+	ns := unique(t, "onetxn")
+	ep, err := c.Endpoints(ns).Create(ctx, fixtures.Endpoint(ns, "created", sn, ""), metav1.CreateOptions{})
+	must(t, err)
+	must(t, applyEndpoint(ctx, client(), ns, "applied", sn))
+	applied, err := c.Endpoints(ns).Get(ctx, "applied", metav1.GetOptions{})
+	must(t, err)
+	droplet, err := c.Droplets().Create(ctx, fixtures.Droplet(unique(t, "drop"), uniqueIP()), metav1.CreateOptions{})
+	must(t, err)
+
+	resp, err := etcdc.Get(ctx, "/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	must(t, err)
+	created := map[string]int64{} // claim key (after "/claims/") or object key -> create revision
+	for _, kv := range resp.Kvs {
+		if _, k, ok := strings.Cut(string(kv.Key), "/claims/"); ok {
+			created[k] = kv.CreateRevision
+		} else if i := strings.Index(string(kv.Key), "/networking.mizar.dev/"); i >= 0 {
+			created[string(kv.Key)[i+1:]] = kv.CreateRevision
+		}
+	}
+	for _, tc := range []struct {
+		object string
+		claims []string
+	}{
+		{"vpcs/" + vpcName, []string{fmt.Sprintf("vni/%d", vpc.Spec.VNI)}},
+		{"subnets/" + sn, []string{"cidr/" + vpcName + "/10.97.1.0/24"}},
+		{"endpoints/" + ns + "/created", []string{"ip/" + sn + "/" + ep.Spec.IP, "mac/" + sn + "/" + strings.ToLower(ep.Spec.MAC)}},
+		{"endpoints/" + ns + "/applied", []string{"ip/" + sn + "/" + applied.Spec.IP, "mac/" + sn + "/" + strings.ToLower(applied.Spec.MAC)}},
+		{"droplets/" + droplet.Name, []string{"droplet-ip/" + droplet.Spec.IP}},
+	} {
+		rev, ok := created["networking.mizar.dev/"+tc.object]
+		if !ok {
+			t.Errorf("no etcd key for %s", tc.object)
+			continue
+		}
+		for _, k := range tc.claims {
+			if crev, ok := created[k]; !ok {
+				t.Errorf("%s: no claim %s", tc.object, k)
+			} else if crev != rev {
+				t.Errorf("%s: claim %s created at revision %d, the object at %d; want one transaction", tc.object, k, crev, rev)
+			}
+		}
+	}
+}

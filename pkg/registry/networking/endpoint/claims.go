@@ -106,27 +106,19 @@ func reserveAddress(ctx context.Context, r *registry.Reserver[*networking.Endpoi
 		return r.ClaimKeys(ctx, keys(ep)...)
 	}
 	pool := addresses(subnet)
-	for attempt := 0; attempt < 3; attempt++ {
-		v, holders, err := r.Claims.Allocate(ctx, pool, r.Owner, registry.KeyNames(macKeys(ep))...)
-		if errors.Is(err, claim.ErrExhausted) {
-			return field.ErrorList{field.Forbidden(ipPath, fmt.Sprintf("subnet %s (%s) has no free address", subnet.Name, subnet.Spec.CIDR))}, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(holders) == 0 {
-			ep.Spec.IP = pool.Format(v)
-			return nil, nil
-		}
-		// The MAC is taken: a duplicate, or an orphan dropped before the next try.
-		errs, err := r.Resolve(ctx, holders, func(h claim.Holder) *field.Error {
-			e := field.Duplicate(macPath, ep.Spec.MAC)
-			e.Detail = fmt.Sprintf("already used in subnet %s by %s", ep.Spec.Subnet, h.Owner)
-			return e
-		})
-		if err != nil || len(errs) > 0 {
-			return errs, err
-		}
+	v, err := r.Allocate(ctx, pool, macKeys(ep), func(h claim.Holder) *field.Error {
+		e := field.Duplicate(macPath, ep.Spec.MAC)
+		e.Detail = fmt.Sprintf("already used in subnet %s by %s", ep.Spec.Subnet, h.Owner)
+		return e
+	}, func() error {
+		return apierrors.NewConflict(networking.Resource("endpoints"), ep.Name, errors.New("its MAC was claimed concurrently; retry"))
+	})
+	if errors.Is(err, claim.ErrExhausted) {
+		return field.ErrorList{field.Forbidden(ipPath, fmt.Sprintf("subnet %s (%s) has no free address", subnet.Name, subnet.Spec.CIDR))}, nil
 	}
-	return nil, apierrors.NewConflict(networking.Resource("endpoints"), ep.Name, errors.New("its MAC was claimed concurrently; retry"))
+	if err != nil {
+		return nil, err
+	}
+	ep.Spec.IP = pool.Format(v)
+	return nil, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -51,6 +50,9 @@ func reserveRange(ctx context.Context, r *registry.Reserver[*networking.Subnet],
 	}
 	prefix := netip.MustParsePrefix(s.Spec.CIDR)
 	own := keys(s)
+	changing := func() error {
+		return apierrors.NewConflict(networking.Resource("subnets"), s.Name, fmt.Errorf("the subnets of VPC %s kept changing; retry", s.Spec.VPC))
+	}
 	for attempt := 0; attempt < 5; attempt++ {
 		holders, rev, err := r.Claims.List(ctx, vpcPrefix(s.Spec.VPC))
 		if err != nil {
@@ -76,15 +78,9 @@ func reserveRange(ctx context.Context, r *registry.Reserver[*networking.Subnet],
 			}
 			continue // orphans were dropped: read again
 		}
-		ok, err := r.Claims.ClaimUnchanged(ctx, r.Owner, vpcPrefix(s.Spec.VPC), rev, own[0].Key)
-		if err != nil {
-			return nil, registry.StorageError(err)
-		}
-		if ok {
-			return nil, nil
-		}
-		// Another subnet of the VPC was claimed meanwhile: check against it too.
-		time.Sleep(time.Duration(attempt+1) * time.Millisecond)
+		// Written with the subnet only if no subnet of the VPC was claimed since
+		// the list; otherwise the create is tried again and checked against it.
+		return nil, r.ClaimUnchanged(vpcPrefix(s.Spec.VPC), rev, changing, own...)
 	}
-	return nil, apierrors.NewConflict(networking.Resource("subnets"), s.Name, fmt.Errorf("the subnets of VPC %s kept changing; retry", s.Spec.VPC))
+	return nil, changing()
 }

@@ -48,7 +48,8 @@ func reserveVNI(ctx context.Context, r *registry.Reserver[*networking.Vpc], vpc 
 	if vpc.Spec.VNI != 0 {
 		return r.ClaimKeys(ctx, keys(vpc)...)
 	}
-	v, _, err := r.Claims.Allocate(ctx, vnis, r.Owner)
+	// No extra keys: a VNI another create got is simply skipped.
+	v, err := r.Allocate(ctx, vnis, nil, nil, nil)
 	if errors.Is(err, claim.ErrExhausted) {
 		return field.ErrorList{field.Forbidden(field.NewPath("spec", "vni"), "every VNI is in use")}, nil
 	}

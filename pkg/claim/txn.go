@@ -1,0 +1,217 @@
+package claim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/kubernetes"
+)
+
+// Pending is what one create claims in the etcd transaction that writes its
+// object: the object and its claims are stored together or not at all, so an
+// allocated create costs one write, and a create that fails leaves no claim
+// behind. The create's context carries it (WithPending) from the registry,
+// which fills it in, to the client Client returns, which writes it.
+type Pending struct {
+	Owner Owner
+	Keys  []string // relative to the store's prefix
+	// Guard, when set, writes the object only if no claim under Guard was
+	// written after Rev: a check made on a List of that range at Rev still
+	// holds (see ClaimUnchanged).
+	Guard string
+	Rev   int64
+
+	outcome Outcome
+}
+
+// Outcome is what became of a Pending.
+type Outcome int
+
+const (
+	// NotSent: no transaction carried it (yet): nothing was written.
+	NotSent Outcome = iota
+	// Committed: the object and its claims were written.
+	Committed
+	// Refused: etcd answered that a condition failed; nothing was written.
+	Refused
+	// Unknown: the transaction was sent and no answer came; etcd may have
+	// committed it.
+	Unknown
+)
+
+// Outcome reports what became of p.
+func (p *Pending) Outcome() Outcome { return p.outcome }
+
+type pendingKey struct{}
+
+// WithPending returns ctx carrying p to the storage that writes the create.
+func WithPending(ctx context.Context, p *Pending) context.Context {
+	return context.WithValue(ctx, pendingKey{}, p)
+}
+
+// PendingFrom returns the Pending ctx carries, or nil.
+func PendingFrom(ctx context.Context) *Pending {
+	p, _ := ctx.Value(pendingKey{}).(*Pending)
+	return p
+}
+
+// ConflictError is a create refused because of its claims; nothing was written.
+type ConflictError struct {
+	// Holders are the claims other owners hold.
+	Holders []Holder
+	// GuardChanged: no key is held by another owner, but a claim under the
+	// guarded range was written since it was read.
+	GuardChanged bool
+}
+
+func (e *ConflictError) Error() string {
+	if len(e.Holders) == 0 {
+		return "claims: the guarded range changed since it was read"
+	}
+	held := make([]string, len(e.Holders))
+	for i, h := range e.Holders {
+		held[i] = h.Key + " (" + h.Owner.String() + ")"
+	}
+	return "claims held by others: " + strings.Join(held, ", ")
+}
+
+// Client returns a client for k8s.io/apiserver's etcd3 store over c whose
+// creates (OptimisticPut at revision 0) write the claims their context carries
+// (WithPending) in the same transaction as the object. Everything else is
+// etcd's Kubernetes client as the apiserver's own factory builds it.
+func (s *Store) Client(c *clientv3.Client) *kubernetes.Client {
+	plain := &kubernetes.Client{Client: c}
+	plain.Kubernetes = plain
+	return &kubernetes.Client{Client: c, Kubernetes: &claimingKV{Interface: plain, kv: c.KV, store: s}}
+}
+
+type claimingKV struct {
+	kubernetes.Interface
+	kv    clientv3.KV
+	store *Store
+}
+
+func (k *claimingKV) OptimisticPut(ctx context.Context, key string, value []byte, expectedRevision int64, opts kubernetes.PutOptions) (kubernetes.PutResponse, error) {
+	p := PendingFrom(ctx)
+	if expectedRevision != 0 || p == nil || len(p.Keys) == 0 {
+		return k.Interface.OptimisticPut(ctx, key, value, expectedRevision, opts)
+	}
+	return k.store.create(ctx, k.kv, p, key, value, opts)
+}
+
+// create writes the object under key together with p's claims, if the object
+// is absent, each claim absent or already p's owner's (a retried create, as
+// Claim allows), and p's guarded range unchanged. It answers as OptimisticPut:
+// not Succeeded (with the object when asked) when the object exists; a
+// *ConflictError when only the claims stood in the way.
+func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key string, value []byte, opts kubernetes.PutOptions) (kubernetes.PutResponse, error) {
+	if p.outcome != NotSent {
+		// A Pending belongs to one write: the registry makes a new one per try.
+		return kubernetes.PutResponse{}, fmt.Errorf("the claims of %s were already sent once", p.Owner)
+	}
+	if p.Owner.Time.IsZero() {
+		p.Owner.Time = time.Now()
+	}
+	owner, err := json.Marshal(p.Owner)
+	if err != nil {
+		return kubernetes.PutResponse{}, fmt.Errorf("encoding claim owner: %w", err)
+	}
+	ours := map[string]int64{} // keys p's owner holds already -> their ModRevision
+	for {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", 0)}
+		puts := []clientv3.Op{clientv3.OpPut(key, string(value), clientv3.WithLease(opts.LeaseID))}
+		gets := []clientv3.Op{clientv3.OpGet(key)}
+		if p.Guard != "" {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.prefix+p.Guard), "<", p.Rev+1).WithPrefix())
+		}
+		for _, k := range p.Keys {
+			if rev, ok := ours[k]; ok {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(s.prefix+k), "=", rev))
+			} else {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.prefix+k), "=", 0))
+				puts = append(puts, clientv3.OpPut(s.prefix+k, string(owner)))
+			}
+			gets = append(gets, clientv3.OpGet(s.prefix+k))
+		}
+		resp, err := kv.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+		if err != nil {
+			p.outcome = Unknown
+			return kubernetes.PutResponse{}, err
+		}
+		out := kubernetes.PutResponse{Succeeded: resp.Succeeded, Revision: resp.Header.Revision}
+		if resp.Succeeded {
+			p.outcome = Committed
+			return out, nil
+		}
+		p.outcome = Refused
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			// The object exists: the answer OptimisticPut gives for it.
+			if opts.GetOnFailure {
+				out.KV = kvs[0]
+			}
+			return out, nil
+		}
+		conflict := &ConflictError{}
+		more := false
+		for i, r := range resp.Responses[1:] {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			h, err := s.decode(kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
+			if err != nil {
+				return out, err
+			}
+			if h.UID == p.Owner.UID {
+				if ours[p.Keys[i]] != h.ModRevision {
+					ours[p.Keys[i]] = h.ModRevision
+					more = true
+				}
+				continue
+			}
+			conflict.Holders = append(conflict.Holders, h)
+		}
+		if len(conflict.Holders) == 0 && more {
+			p.outcome = NotSent
+			continue // only keys this owner holds already: write the rest
+		}
+		conflict.GuardChanged = len(conflict.Holders) == 0
+		return out, conflict
+	}
+}
+
+// Holders returns the claims among keys that owners other than uid hold, in
+// one read: what a create that is not written (a dry run) checks.
+func (s *Store) Holders(ctx context.Context, uid string, keys ...string) ([]Holder, error) {
+	gets := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		gets[i] = clientv3.OpGet(s.prefix + k)
+	}
+	resp, err := s.client.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("reading claims %s: %w", strings.Join(keys, ", "), err)
+	}
+	var out []Holder
+	for _, r := range resp.Responses {
+		kvs := r.GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue
+		}
+		h, err := s.decode(kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
+		if err != nil {
+			return nil, err
+		}
+		if h.UID != uid {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// Unused tells the index that the value of key, taken by Next, was not
+// claimed after all (its create wrote nothing).
+func (s *Store) Unused(key string) { s.pools.released(key) }
