@@ -33,6 +33,16 @@ func (g wrappingOptionsGetter) GetRESTOptions(resource schema.GroupResource, exa
 	if err != nil {
 		return opts, err
 	}
+	decorateAfter(&opts, func(_ *storagebackend.ConfigForResource, _ string, _, _ func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
+		return g.wrap(resource, s), destroy, nil
+	})
+	return opts, nil
+}
+
+// decorateAfter makes opts' storage decorator hand what it built (and what it
+// was built from) to then, whose result the registry gets instead.
+func decorateAfter(opts *generic.RESTOptions, then func(config *storagebackend.ConfigForResource, resourcePrefix string,
+	newFunc, newListFunc func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error)) {
 	decorate := opts.Decorator
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, keyFunc func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, getAttrs storage.AttrFunc, trigger storage.IndexerFuncs, indexers *cache.Indexers,
@@ -41,9 +51,8 @@ func (g wrappingOptionsGetter) GetRESTOptions(resource schema.GroupResource, exa
 		if err != nil {
 			return s, destroy, err
 		}
-		return g.wrap(resource, s), destroy, nil
+		return then(config, resourcePrefix, newFunc, newListFunc, s, destroy)
 	}
-	return opts, nil
 }
 
 // claimWritingOptionsGetter gives every resource's storage a second store for
@@ -65,14 +74,8 @@ func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource,
 	if err != nil {
 		return opts, err
 	}
-	decorate := opts.Decorator
-	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, keyFunc func(runtime.Object) (string, error),
-		newFunc, newListFunc func() runtime.Object, getAttrs storage.AttrFunc, trigger storage.IndexerFuncs, indexers *cache.Indexers,
-	) (storage.Interface, factory.DestroyFunc, error) {
-		s, destroy, err := decorate(config, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, trigger, indexers)
-		if err != nil {
-			return s, destroy, err
-		}
+	decorateAfter(&opts, func(config *storagebackend.ConfigForResource, resourcePrefix string, newFunc, newListFunc func() runtime.Object,
+		s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
 		transformer := config.Transformer
 		if transformer == nil {
 			transformer = identity.NewEncryptCheckTransformer()
@@ -92,7 +95,7 @@ func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource,
 				writer.Close()
 			})
 		}, nil
-	}
+	})
 	return opts, nil
 }
 

@@ -115,21 +115,15 @@ func (s *Store) Claim(ctx context.Context, owner Owner, keys ...string) ([]Holde
 	}
 	var taken, ours []string
 	var holders []Holder
-	for i, r := range resp.Responses {
-		kvs := r.GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			continue
-		}
-		h, err := s.decode(kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
-		if err != nil {
-			return nil, err
-		}
+	if err := s.eachHolder(resp.Responses, func(i int, h Holder) {
 		if h.UID == owner.UID {
 			ours = append(ours, keys[i])
-			continue
+			return
 		}
 		taken = append(taken, keys[i])
 		holders = append(holders, h)
+	}); err != nil {
+		return nil, err
 	}
 	if len(taken) == 0 {
 		// Only keys we hold already (a retry): claim the rest.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
 )
@@ -157,23 +158,17 @@ func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key stri
 		}
 		conflict := &ConflictError{}
 		more := false
-		for i, r := range resp.Responses[1:] {
-			kvs := r.GetResponseRange().Kvs
-			if len(kvs) == 0 {
-				continue
-			}
-			h, err := s.decode(kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
-			if err != nil {
-				return out, err
-			}
+		if err := s.eachHolder(resp.Responses[1:], func(i int, h Holder) {
 			if h.UID == p.Owner.UID {
 				if ours[p.Keys[i]] != h.ModRevision {
 					ours[p.Keys[i]] = h.ModRevision
 					more = true
 				}
-				continue
+				return
 			}
 			conflict.Holders = append(conflict.Holders, h)
+		}); err != nil {
+			return out, err
 		}
 		if len(conflict.Holders) == 0 && more {
 			p.outcome = NotSent
@@ -196,20 +191,29 @@ func (s *Store) Holders(ctx context.Context, uid string, keys ...string) ([]Hold
 		return nil, fmt.Errorf("reading claims %s: %w", strings.Join(keys, ", "), err)
 	}
 	var out []Holder
-	for _, r := range resp.Responses {
+	err = s.eachHolder(resp.Responses, func(_ int, h Holder) {
+		if h.UID != uid {
+			out = append(out, h)
+		}
+	})
+	return out, err
+}
+
+// eachHolder calls f with each claim the range reads of a transaction found,
+// and the read's index; reads that found none are skipped.
+func (s *Store) eachHolder(reads []*etcdserverpb.ResponseOp, f func(i int, h Holder)) error {
+	for i, r := range reads {
 		kvs := r.GetResponseRange().Kvs
 		if len(kvs) == 0 {
 			continue
 		}
 		h, err := s.decode(kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if h.UID != uid {
-			out = append(out, h)
-		}
+		f(i, h)
 	}
-	return out, nil
+	return nil
 }
 
 // Unused tells the index that the value of key, taken by Next, was not

@@ -204,26 +204,7 @@ func TestLearnedPathThroughKernel(t *testing.T) {
 	A, B, C := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"]
 	serveIdentity(t, b)
 
-	// 3 s of pings every 10 ms: the first ones teach A and B (through C),
-	// then the path is direct.
-	done := make(chan string, 1)
-	go func() {
-		out, _ := a.pingArgs(t, b.ip, 300, "-i", "0.01", "-q")
-		done <- out
-	}()
-	time.Sleep(time.Second)
-	mid := counters(t, C).Underlay["rx"]
-	out := <-done
-	end := counters(t, C).Underlay["rx"]
-	if !strings.Contains(out, " 0% packet loss") {
-		t.Fatalf("pings lost while the path was learned:\n%s", out)
-	}
-	if end != mid {
-		t.Fatalf("bouncer C still saw %d Geneve frames in the last 2 s of the flow", end-mid)
-	}
-	if got := counters(t, A).Pod["encap_learned"]; got < 150 {
-		t.Fatalf("A sent %d packets on the learned path, want most of 300", got)
-	}
+	pingLearns(t, a, b, A, C)
 	if got := identity(t, a, b.ip); got != "b" {
 		t.Fatalf("a reached %q at %s on the learned path, want b", got, b.ip)
 	}
@@ -272,6 +253,17 @@ func TestLearnedPathToRelayNode(t *testing.T) {
 	tn.setRelays(t, vpc1, B, C)
 	tn.remoteEndpoint(t, B, a)
 
+	pingLearns(t, a, b, A, C)
+	if got := counters(t, B).Pod["introduce"]; got == 0 {
+		t.Fatal("B never introduced b to A")
+	}
+}
+
+// pingLearns sends 3 s of pings every 10 ms from a (on host A) to b: the
+// first ones teach the hosts (through relay C), then the path is direct: none
+// is lost, C sees none of the last 2 s, and A sent most on the learned path.
+func pingLearns(t *testing.T, a, b *testPod, A, C *testHost) {
+	t.Helper()
 	done := make(chan string, 1)
 	go func() {
 		out, _ := a.pingArgs(t, b.ip, 300, "-i", "0.01", "-q")
@@ -285,11 +277,10 @@ func TestLearnedPathToRelayNode(t *testing.T) {
 		t.Fatalf("pings lost while the path was learned:\n%s", out)
 	}
 	if end != mid {
-		t.Fatalf("bouncer C still saw %d Geneve frames in the last 2 s of the flow (B introduced b %d times)",
-			end-mid, counters(t, B).Pod["introduce"])
+		t.Fatalf("relay %s still saw %d Geneve frames in the last 2 s of the flow", C.name, end-mid)
 	}
 	if got := counters(t, A).Pod["encap_learned"]; got < 150 {
-		t.Fatalf("A sent %d packets on the learned path, want most of 300", got)
+		t.Fatalf("%s sent %d packets on the learned path, want most of 300", A.name, got)
 	}
 }
 

@@ -22,21 +22,11 @@ func TestEndpointWaitsForDividers(t *testing.T) {
 	srv := startServer(t)
 	c := srv.Client.NetworkingV1alpha1()
 	p := uniq("dw")
-	agents := map[string]*runningAgent{}
-	index := map[string]int{}
+	agents := startAgents(t, ctx, srv.Client, p, 3)
+	index := map[string]int{} // droplet -> its number, to start its agent again
 	for i := range 3 {
-		a := startAgent(t, srv.Client, fmt.Sprintf("%s-node%d", p, i), i)
-		agents[a.name], index[a.name] = a, i
+		index[fmt.Sprintf("%s-node%d", p, i)] = i
 	}
-	eventually(t, ctx, "droplets Provisioned", func() (bool, error) {
-		for n := range agents {
-			d, err := c.Droplets().Get(ctx, n, metav1.GetOptions{})
-			if err != nil || d.Status.Phase != v1alpha1.PhaseProvisioned {
-				return false, err
-			}
-		}
-		return true, nil
-	})
 	vpc, err := c.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: p}, Spec: v1alpha1.VpcSpec{CIDR: "10.6.0.0/16"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

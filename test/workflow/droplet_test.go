@@ -1,7 +1,6 @@
 package workflow
 
 import (
-	"fmt"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,20 +18,7 @@ func TestDropletGone(t *testing.T) {
 	srv := startServer(t)
 	c := srv.Client.NetworkingV1alpha1()
 	p := uniq("dg")
-	agents := map[string]*runningAgent{}
-	for i := range 2 {
-		a := startAgent(t, srv.Client, fmt.Sprintf("%s-node%d", p, i), i)
-		agents[a.name] = a
-	}
-	eventually(t, ctx, "droplets Provisioned", func() (bool, error) {
-		for n := range agents {
-			d, err := c.Droplets().Get(ctx, n, metav1.GetOptions{})
-			if err != nil || d.Status.Phase != v1alpha1.PhaseProvisioned {
-				return false, err
-			}
-		}
-		return true, nil
-	})
+	agents := startAgents(t, ctx, srv.Client, p, 2)
 	vpc, err := c.Vpcs().Create(ctx, &v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: p}, Spec: v1alpha1.VpcSpec{CIDR: "10.3.0.0/16"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

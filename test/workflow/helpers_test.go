@@ -72,6 +72,27 @@ func startAgent(t testing.TB, client versioned.Interface, name string, n int) *r
 	return &runningAgent{name: name, dp: dp, agent: a, stop: stop}
 }
 
+// startAgents starts the agents of droplets prefix-node0 .. prefix-node<n-1>
+// and waits until every droplet is Provisioned.
+func startAgents(t *testing.T, ctx context.Context, client versioned.Interface, prefix string, n int) map[string]*runningAgent {
+	t.Helper()
+	agents := map[string]*runningAgent{}
+	for i := range n {
+		a := startAgent(t, client, fmt.Sprintf("%s-node%d", prefix, i), i)
+		agents[a.name] = a
+	}
+	eventually(t, ctx, "droplets Provisioned", func() (bool, error) {
+		for name := range agents {
+			d, err := client.NetworkingV1alpha1().Droplets().Get(ctx, name, metav1.GetOptions{})
+			if err != nil || d.Status.Phase != v1alpha1.PhaseProvisioned {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+	return agents
+}
+
 func startServer(t testing.TB, flags ...string) *apiservertest.Server {
 	return apiservertest.Start(t, t.TempDir(), append([]string{"--operators=true"}, flags...)...)
 }
