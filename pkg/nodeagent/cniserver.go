@@ -138,14 +138,6 @@ func NewCNIServer(o CNIOptions) (*CNIServer, error) {
 	if err := os.MkdirAll(o.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("CNI server: create state directory: %w", err)
 	}
-	h, err := handleAt(o.HostNetns)
-	if err != nil {
-		return nil, fmt.Errorf("CNI server: host netns: %w", err)
-	}
-	defer h.Close()
-	if err := syncHostAddrs(h, o.Pods); err != nil {
-		return nil, fmt.Errorf("CNI server: %w", err)
-	}
 	f := o.Informers
 	if f == nil {
 		f = informers.NewSharedInformerFactory(o.Client, 10*time.Minute)

@@ -39,22 +39,11 @@ func hostAddrs(h *netlink.Handle) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// syncHostAddrs tells the pod dataplane the host's current addresses.
-func syncHostAddrs(h *netlink.Handle, pods PodDataplane) error {
-	addrs, err := hostAddrs(h)
-	if err != nil {
-		return err
-	}
-	if err := pods.SetHostAddrs(addrs); err != nil {
-		return fmt.Errorf("the node's addresses: %w", err)
-	}
-	return nil
-}
-
 // followHostAddrs keeps the pod dataplane's host addresses in step with the
 // host netns (a node renumbered or given a second address keeps answering
-// its pods' probes) until the server closes. The first subscription is open
-// before it returns, so no change after NewCNIServer is missed.
+// its pods' probes) until the server closes. It subscribes to the changes
+// before it reads the addresses, so none is missed, and returns once both are
+// done.
 func (s *CNIServer) followHostAddrs() error {
 	updates, err := s.subscribeHostAddrs()
 	if err != nil {
@@ -68,7 +57,9 @@ func (s *CNIServer) followHostAddrs() error {
 			case u, ok := <-updates:
 				if ok {
 					if u.LinkAddress.IP.To4() != nil {
-						s.resyncHostAddrs()
+						if err := s.syncHostAddrs(); err != nil {
+							klog.ErrorS(err, "Updating the node's addresses for host<->pod traffic")
+						}
 					}
 					continue
 				}
@@ -81,7 +72,10 @@ func (s *CNIServer) followHostAddrs() error {
 					return
 				case <-time.After(time.Second):
 				}
-				if updates, err = s.subscribeHostAddrs(); err == nil {
+				if updates, err = s.subscribeHostAddrs(); updates != nil {
+					if err != nil {
+						klog.ErrorS(err, "Updating the node's addresses for host<->pod traffic")
+					}
 					break
 				}
 				klog.ErrorS(err, "Resubscribing to the node's address changes")
@@ -92,8 +86,10 @@ func (s *CNIServer) followHostAddrs() error {
 }
 
 // subscribeHostAddrs opens a subscription to the host netns's address
-// changes, then reads the addresses once (changes before it opened).
-func (s *CNIServer) subscribeHostAddrs() (chan netlink.AddrUpdate, error) {
+// changes (ended by the server's stop), then reads the addresses once for the
+// changes made before it opened. updates is nil if the subscription failed;
+// err may also be the read's.
+func (s *CNIServer) subscribeHostAddrs() (updates chan netlink.AddrUpdate, err error) {
 	var nsh *netns.NsHandle
 	if s.o.HostNetns != "" {
 		ns, err := netns.GetFromPath(s.o.HostNetns)
@@ -103,27 +99,32 @@ func (s *CNIServer) subscribeHostAddrs() (chan netlink.AddrUpdate, error) {
 		defer ns.Close() // the subscription keeps its own socket in it
 		nsh = &ns
 	}
-	updates := make(chan netlink.AddrUpdate, 16)
-	err := netlink.AddrSubscribeWithOptions(updates, s.stop, netlink.AddrSubscribeOptions{
+	updates = make(chan netlink.AddrUpdate, 16)
+	err = netlink.AddrSubscribeWithOptions(updates, s.stop, netlink.AddrSubscribeOptions{
 		Namespace:     nsh,
 		ErrorCallback: func(err error) { klog.ErrorS(err, "Watching the node's addresses") },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("subscribe to the host's address changes: %w", err)
 	}
-	s.resyncHostAddrs()
-	return updates, nil
+	return updates, s.syncHostAddrs()
 }
 
-func (s *CNIServer) resyncHostAddrs() {
+// syncHostAddrs tells the pod dataplane the host's current addresses.
+func (s *CNIServer) syncHostAddrs() error {
 	h, err := handleAt(s.o.HostNetns)
-	if err == nil {
-		err = syncHostAddrs(h, s.o.Pods)
-		h.Close()
-	}
 	if err != nil {
-		klog.ErrorS(err, "Updating the node's addresses for host<->pod traffic")
+		return fmt.Errorf("host netns: %w", err)
 	}
+	defer h.Close()
+	addrs, err := hostAddrs(h)
+	if err != nil {
+		return err
+	}
+	if err := s.o.Pods.SetHostAddrs(addrs); err != nil {
+		return fmt.Errorf("the node's addresses: %w", err)
+	}
+	return nil
 }
 
 // addHostRoute points the host's route to ip at hostIfindex unless another
