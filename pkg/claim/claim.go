@@ -133,31 +133,6 @@ func (s *Store) Claim(ctx context.Context, owner Owner, keys ...string) ([]Holde
 	return holders, nil
 }
 
-// ClaimUnchanged is Claim guarded by the range under guard not having changed
-// since revision rev (no key in it written after rev): a check made on a List of
-// that range at rev holds when the claim is written. It reports false, writing
-// nothing, when the range changed or a key is held by another owner.
-func (s *Store) ClaimUnchanged(ctx context.Context, owner Owner, guard string, rev int64, keys ...string) (bool, error) {
-	if owner.Time.IsZero() {
-		owner.Time = time.Now()
-	}
-	value, err := json.Marshal(owner)
-	if err != nil {
-		return false, fmt.Errorf("encoding claim owner: %w", err)
-	}
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(s.prefix+guard), "<", rev+1).WithPrefix()}
-	puts := make([]clientv3.Op, len(keys))
-	for i, k := range keys {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.prefix+k), "=", 0))
-		puts[i] = clientv3.OpPut(s.prefix+k, string(value))
-	}
-	resp, err := s.client.Txn(ctx).If(cmps...).Then(puts...).Commit()
-	if err != nil {
-		return false, fmt.Errorf("claiming %s: %w", strings.Join(keys, ", "), err)
-	}
-	return resp.Succeeded, nil
-}
-
 // Take replaces an orphaned claim with one of owner's, unless the claim changed
 // since it was read. It reports whether owner now holds the key.
 func (s *Store) Take(ctx context.Context, h Holder, owner Owner) (bool, error) {

@@ -47,45 +47,6 @@ func (s *Store) Next(ctx context.Context, r Range) (uint32, error) {
 	return 0, ErrExhausted
 }
 
-// Allocate claims the lowest free value of r (see Next) for owner, together
-// with the extra keys, in one transaction of its own. A value another replica
-// claimed meanwhile is skipped.
-//
-// When an extra key is held by someone else, nothing is claimed and its holders
-// are returned.
-func (s *Store) Allocate(ctx context.Context, r Range, owner Owner, extra ...string) (uint32, []Holder, error) {
-	for {
-		v, err := s.Next(ctx, r)
-		if err != nil {
-			return 0, nil, err
-		}
-		key := r.Prefix + r.Format(v)
-		holders, err := s.Claim(ctx, owner, append([]string{key}, extra...)...)
-		if err != nil {
-			// The outcome is unknown: keep v marked; Repair frees it if it was not written.
-			return 0, nil, err
-		}
-		if len(holders) == 0 {
-			return v, nil, nil
-		}
-		valueTaken := false
-		var others []Holder
-		for _, h := range holders {
-			if h.Key == key {
-				valueTaken = true // another replica's: stays marked
-			} else {
-				others = append(others, h)
-			}
-		}
-		if len(others) > 0 {
-			if !valueTaken {
-				s.Unused(key)
-			}
-			return 0, others, nil
-		}
-	}
-}
-
 // pools are the in-memory indexes of ranges, by prefix.
 type pools struct {
 	mu sync.Mutex

@@ -21,8 +21,8 @@ type Pending struct {
 	Owner Owner
 	Keys  []string // relative to the store's prefix
 	// Guard, when set, writes the object only if no claim under Guard was
-	// written after Rev: a check made on a List of that range at Rev still
-	// holds (see ClaimUnchanged).
+	// written after Rev: a check made on a List of that range at Rev (a
+	// subnet's overlap check against its VPC's ranges) still holds.
 	Guard string
 	Rev   int64
 

@@ -112,6 +112,16 @@ func TestCreateGuardedByARange(t *testing.T) {
 	if resp, err := create(t, s, p, "me"); err != nil || !resp.Succeeded {
 		t.Fatalf("create on an unchanged range: %+v, %v; want success", resp, err)
 	}
+	// A claim written outside the guard does not matter.
+	_, rev, err = s.List(ctx, "g/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, owner("other"), "h/1")
+	p = &Pending{Owner: owner("me2"), Keys: []string{"g/10.0.3.0/24"}, Guard: "g/", Rev: rev}
+	if resp, err := create(t, s, p, "me2"); err != nil || !resp.Succeeded {
+		t.Fatalf("create after a write outside the guard: %+v, %v; want success", resp, err)
+	}
 }
 
 // TestWritesWithoutPendingArePlain: updates, and creates without claims, are
