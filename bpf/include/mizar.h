@@ -194,7 +194,7 @@ enum pod_counter {
 	POD_DROP_TOO_BIG,       /* too big for the underlay, DF clear (no fragmenting here) */
 	POD_DROP_REDIRECT,      /* bpf_redirect/bpf_redirect_peer refused the target */
 	POD_ENCAP_LEARNED,      /* encapsulated straight to a learned host */
-	POD_INTRODUCE,          /* bounced with the option to introduce the pod to a learned host */
+	POD_INTRODUCE,          /* sent with the option that introduces the pod: bounced toward a learned host, or straight from a relay's node */
 	POD_TO_HOST,            /* to an address of this node: passed to the host stack */
 	POD_MAX,
 };
