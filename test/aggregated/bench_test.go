@@ -109,7 +109,7 @@ func BenchmarkCreates(b *testing.B) {
 	if _, err := cl.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/benchdroplets.bench.mizar.dev"); err != nil {
 		b.Fatal(err)
 	}
-	droplets := schema.GroupVersionResource{Group: "networking.mizar.dev", Version: "v1alpha1", Resource: "droplets"}
+	dropletGVR := schema.GroupVersionResource{Group: "networking.mizar.dev", Version: "v1alpha1", Resource: "droplets"}
 	crd := schema.GroupVersionResource{Group: "bench.mizar.dev", Version: "v1alpha1", Resource: "benchdroplets"}
 	paths := []struct {
 		name       string
@@ -119,84 +119,49 @@ func BenchmarkCreates(b *testing.B) {
 		kind       string
 	}{
 		{"crd", cl.AdminKubeconfig, crd, "bench.mizar.dev/v1alpha1", "BenchDroplet"},
-		{"direct", cl.DirectKubeconfig, droplets, "networking.mizar.dev/v1alpha1", "Droplet"},
-		{"aggregated", cl.AdminKubeconfig, droplets, "networking.mizar.dev/v1alpha1", "Droplet"},
+		{"direct", cl.DirectKubeconfig, dropletGVR, "networking.mizar.dev/v1alpha1", "Droplet"},
+		{"aggregated", cl.AdminKubeconfig, dropletGVR, "networking.mizar.dev/v1alpha1", "Droplet"},
 	}
 	results := map[string]benchResult{}
+	clients := map[string]dynamic.NamespaceableResourceInterface{}
+	for _, p := range paths {
+		cfg, err := clientcmd.BuildConfigFromFlags("", p.kubeconfig)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// No client-side throttling: the servers are what is measured.
+		cfg.QPS, cfg.Burst = -1, 1000
+		client, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		clients[p.name] = client.Resource(p.gvr)
+	}
+	// newDroplets returns a maker of objects unique to one benchmark call: names,
+	// underlay IPs and MACs (mizar refuses duplicates), and a path's objects
+	// may still be going away when the next call starts.
+	newDroplets := func(apiVersion, kind string) func(i int) *unstructured.Unstructured {
+		run := fmt.Sprintf("b%x", rand.Uint32())
+		octet := 16 + rand.IntN(16)
+		return func(i int) *unstructured.Unstructured {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": apiVersion, "kind": kind,
+				"metadata": map[string]any{"name": fmt.Sprintf("%s-%d", run, i)},
+				"spec": map[string]any{
+					"node": fmt.Sprintf("node-%d", i), "interface": "eth0",
+					"ip":  fmt.Sprintf("172.%d.%d.%d", octet, i/250, i%250+1),
+					"mac": fmt.Sprintf("02:bb:%02x:%02x:%02x:%02x", octet, rand.IntN(256), i/256%256, i%256),
+				},
+			}}
+		}
+	}
 	for _, p := range paths {
 		b.Run(p.name, func(b *testing.B) {
-			cfg, err := clientcmd.BuildConfigFromFlags("", p.kubeconfig)
-			if err != nil {
-				b.Fatal(err)
-			}
-			// No client-side throttling: the servers are what is measured.
-			cfg.QPS, cfg.Burst = -1, 1000
-			client, err := dynamic.NewForConfig(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			res := client.Resource(p.gvr)
-			run := fmt.Sprintf("b%x", rand.Uint32())
-			// Unique underlay IPs and MACs per object (mizar refuses duplicates).
-			octet := 16 + rand.IntN(16)
-			var next atomic.Int64
-			lat := make([]time.Duration, b.N)
-			var wg sync.WaitGroup
-			var failed atomic.Value
-			b.ResetTimer()
-			profiled := profileServers(b, p.name)
-			cpu0 := cpuTimes(b)
-			start := time.Now()
-			for w := 0; w < benchConcurrency; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for {
-						i := int(next.Add(1) - 1)
-						if i >= b.N {
-							return
-						}
-						obj := &unstructured.Unstructured{Object: map[string]any{
-							"apiVersion": p.apiVersion, "kind": p.kind,
-							"metadata": map[string]any{"name": fmt.Sprintf("%s-%d", run, i)},
-							"spec": map[string]any{
-								"node": fmt.Sprintf("node-%d", i), "interface": "eth0",
-								"ip":  fmt.Sprintf("172.%d.%d.%d", octet, i/250, i%250+1),
-								"mac": fmt.Sprintf("02:bb:%02x:%02x:%02x:%02x", octet, rand.IntN(256), i/256%256, i%256),
-							},
-						}}
-						t0 := time.Now()
-						if _, err := res.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-							failed.Store(err)
-							return
-						}
-						lat[i] = time.Since(t0)
-					}
-				}()
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			cpu1 := cpuTimes(b)
-			b.StopTimer()
-			profiled()
-			if err, _ := failed.Load().(error); err != nil {
-				b.Fatalf("create via %s: %v", p.name, err)
-			}
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-			r := benchResult{rate: float64(b.N) / elapsed.Seconds(), p50: lat[b.N/2], p99: lat[b.N*99/100], cpu: map[string]time.Duration{}}
-			var total time.Duration
-			for name, t := range cpu1 {
-				r.cpu[name] = (t - cpu0[name]) / time.Duration(b.N)
-				total += r.cpu[name]
-			}
-			r.cpu["total"] = total
-			results[p.name] = r
-			b.ReportMetric(r.rate, "creates/s")
-			b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50-ms")
-			b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99-ms")
-			for name, t := range r.cpu {
-				b.ReportMetric(float64(t.Microseconds())/1000, name+"-cpu-ms/op")
-			}
+			res, droplet := clients[p.name], newDroplets(p.apiVersion, p.kind)
+			results[p.name] = drive(b, p.name, func(i int) error {
+				_, err := res.Create(ctx, droplet(i), metav1.CreateOptions{})
+				return err
+			})
 			// Clean up so repeated runs start from the same state, and let the
 			// servers finish reacting to it (watchers, operators, GC) so the
 			// next path does not pay for this one.
@@ -204,20 +169,95 @@ func BenchmarkCreates(b *testing.B) {
 			waitIdle(b)
 		})
 	}
+	// The floor of each path: a GET of one object, the least a request through
+	// it can do. Through the aggregator, kube-apiserver's CPU per GET is what
+	// its proxy costs per request, whatever the backend does.
+	for _, p := range paths {
+		b.Run("get-"+p.name, func(b *testing.B) {
+			res := clients[p.name]
+			obj, err := res.Create(ctx, newDroplets(p.apiVersion, p.kind)(0), metav1.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = res.Delete(ctx, obj.GetName(), metav1.DeleteOptions{}) }()
+			results["get-"+p.name] = drive(b, "get-"+p.name, func(int) error {
+				_, err := res.Get(ctx, obj.GetName(), metav1.GetOptions{})
+				return err
+			})
+		})
+	}
 	base := results["crd"]
 	if base.rate == 0 {
 		return
 	}
-	for _, n := range []string{"direct", "aggregated"} {
+	for _, n := range []string{"direct", "aggregated", "get-crd", "get-direct", "get-aggregated"} {
 		r, ok := results[n]
 		if !ok {
 			continue
 		}
-		b.Logf("%-10s %7.0f creates/s = %.2fx the CRD (%.0f/s); p50 %v (CRD %v), p99 %v (CRD %v); CPU per create %v = %.2fx the CRD's (%v)",
+		b.Logf("%-14s %7.0f requests/s = %.2fx the CRD's creates (%.0f/s); p50 %v (CRD %v), p99 %v (CRD %v); CPU per request %v = %.2fx the CRD create's (%v)",
 			n, r.rate, r.rate/base.rate, base.rate, r.p50.Round(time.Microsecond*100), base.p50.Round(time.Microsecond*100),
 			r.p99.Round(time.Microsecond*100), base.p99.Round(time.Microsecond*100),
 			r.cpu["total"].Round(time.Microsecond*10), float64(r.cpu["total"])/float64(base.cpu["total"]), base.cpu["total"].Round(time.Microsecond*10))
 	}
+	if g, ok := results["get-aggregated"]; ok {
+		b.Logf("kube-apiserver's proxy: %v CPU per aggregated request (GET); a CRD create costs kube-apiserver %v and its etcd %v",
+			g.cpu["kube-apiserver"].Round(time.Microsecond*10), base.cpu["kube-apiserver"].Round(time.Microsecond*10), base.cpu["etcd"].Round(time.Microsecond*10))
+	}
+}
+
+// drive runs op b.N times from benchConcurrency clients at once and reports
+// the rate, the latency percentiles and each process's CPU time per op.
+func drive(b *testing.B, name string, op func(i int) error) benchResult {
+	var next atomic.Int64
+	lat := make([]time.Duration, b.N)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	b.ResetTimer()
+	profiled := profileServers(b, name)
+	cpu0 := cpuTimes(b)
+	start := time.Now()
+	for w := 0; w < benchConcurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					return
+				}
+				t0 := time.Now()
+				if err := op(i); err != nil {
+					failed.Store(err)
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu1 := cpuTimes(b)
+	b.StopTimer()
+	profiled()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	r := benchResult{rate: float64(b.N) / elapsed.Seconds(), p50: lat[b.N/2], p99: lat[b.N*99/100], cpu: map[string]time.Duration{}}
+	var total time.Duration
+	for name, t := range cpu1 {
+		r.cpu[name] = (t - cpu0[name]) / time.Duration(b.N)
+		total += r.cpu[name]
+	}
+	r.cpu["total"] = total
+	b.ReportMetric(r.rate, "ops/s")
+	b.ReportMetric(float64(r.p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(r.p99.Microseconds())/1000, "p99-ms")
+	for name, t := range r.cpu {
+		b.ReportMetric(float64(t.Microseconds())/1000, name+"-cpu-ms/op")
+	}
+	return r
 }
 
 // waitIdle waits (30 s at most) until the control plane uses under a tenth

@@ -1,7 +1,7 @@
 // Package cluster runs a local Kubernetes control plane with mizar-apiserver
-// aggregated into it, the way a cluster runs it: etcd and kube-apiserver (RBAC
-// on, front-proxy CA and client certificate, --enable-aggregator-routing), and
-// mizar-apiserver as a separate process on its own etcd over TLS with a client
+// aggregated into it, the way a cluster runs it: etcd (TLS, client
+// certificates) and kube-apiserver (RBAC on, front-proxy CA and client
+// certificate, --enable-aggregator-routing), and mizar-apiserver as a separate process on its own etcd over TLS with a client
 // certificate, reached through an APIService with a real caBundle.
 //
 // kube-apiserver refuses loopback addresses in EndpointSlices, so mizar-apiserver
@@ -206,7 +206,7 @@ type leaf struct {
 func (c *Cluster) makePKI() error {
 	p := func(n string) string { return c.path("pki", n) }
 	cas := map[string]*pki.CA{}
-	for _, n := range []string{"ca", "front-proxy-ca", "etcd-ca", "mizar-ca"} {
+	for _, n := range []string{"ca", "front-proxy-ca", "etcd-ca", "kube-etcd-ca", "mizar-ca"} {
 		ca, err := pki.LoadOrCreateCA(p(n+".crt"), p(n+".key"), "mizar-e2e-"+n)
 		if err != nil {
 			return fmt.Errorf("creating %s: %w", n, err)
@@ -227,6 +227,10 @@ func (c *Cluster) makePKI() error {
 		{"etcd-server", cas["etcd-ca"], x509.Certificate{Subject: pkix.Name{CommonName: "etcd"}, ExtKeyUsage: append(server, client...),
 			IPAddresses: []net.IP{loop}, DNSNames: []string{"localhost"}}},
 		{"etcd-client", cas["etcd-ca"], x509.Certificate{Subject: pkix.Name{CommonName: "mizar-apiserver"}, ExtKeyUsage: client}},
+		// kube-apiserver's etcd has its own CA: mizar's etcd client certificate must not open it.
+		{"kube-etcd-server", cas["kube-etcd-ca"], x509.Certificate{Subject: pkix.Name{CommonName: "etcd"}, ExtKeyUsage: append(server, client...),
+			IPAddresses: []net.IP{loop}, DNSNames: []string{"localhost"}}},
+		{"kube-etcd-client", cas["kube-etcd-ca"], x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"}, ExtKeyUsage: client}},
 		// The aggregator checks the name <service>.<namespace>.svc.
 		{"mizar-serving", cas["mizar-ca"], x509.Certificate{Subject: pkix.Name{CommonName: Service}, ExtKeyUsage: server,
 			DNSNames:    []string{Service + "." + Namespace + ".svc", "localhost"},
@@ -294,17 +298,23 @@ func (c *Cluster) startKube(ctx context.Context) error {
 			return err
 		}
 	}
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	// kube-apiserver's etcd takes TLS with client certificates, as production
+	// clusters run it and as mizar's own etcd does: the CRD baseline of
+	// bench-aggregated pays for the same transport as mizar.
+	etcdURL := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	if _, err := c.start("etcd", false, c.opts.Etcd, "--name=kube", "--data-dir="+c.path("data", "kube-etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL, "--initial-cluster=kube="+peerURL,
+		"--cert-file="+p("kube-etcd-server.crt"), "--key-file="+p("kube-etcd-server.key"),
+		"--client-cert-auth", "--trusted-ca-file="+p("kube-etcd-ca.crt"),
 		"--unsafe-no-fsync", "--log-level=warn"); err != nil {
 		return err
 	}
 	c.KubeURL = fmt.Sprintf("https://%s:%d", c.hostIP, ports[2])
 	if _, err := c.start("kube-apiserver", false, c.opts.KubeAPIServer,
 		"--etcd-servers="+etcdURL,
+		"--etcd-cafile="+p("kube-etcd-ca.crt"), "--etcd-certfile="+p("kube-etcd-client.crt"), "--etcd-keyfile="+p("kube-etcd-client.key"),
 		"--bind-address="+c.hostIP, "--advertise-address="+c.hostIP, "--secure-port="+strconv.Itoa(ports[2]),
 		"--cert-dir="+c.path("data", "kube-certs"),
 		"--tls-cert-file="+p("kube-apiserver.crt"), "--tls-private-key-file="+p("kube-apiserver.key"),
