@@ -229,6 +229,10 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, han
 		Handler:           b.Handler(o.osbCreds, slog.Default()),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
+		// Platforms keep their connections (HTTP/1.1 keep-alive, or HTTP/2,
+		// which ServeTLS offers) and resume TLS sessions by ticket; one left
+		// idle this long is closed rather than held forever.
+		IdleTimeout: 2 * time.Minute,
 	}
 	go func() {
 		<-ctx.Done()

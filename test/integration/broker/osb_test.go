@@ -403,6 +403,16 @@ func TestOSBServedOrders(t *testing.T) {
 	if lo.body["state"] != "in progress" {
 		t.Errorf("last_operation of a waiting order: %v", lo.body)
 	}
+	// A platform that speaks HTTP/2 gets it.
+	h2 := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+	req, _ := http.NewRequest("GET", url+"/v2/catalog", nil)
+	req.SetBasicAuth(creds.Username, creds.Password)
+	req.Header.Set("X-Broker-API-Version", "2.17")
+	if resp, err := h2.Do(req); err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Errorf("catalog over HTTP/2: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	f.expect(f.do("DELETE", path+"&service_id="+f.serviceID+"&plan_id="+f.smallID, nil, nil), 202, "deprovision")
 	// No fulfillment operator runs here: the order waits for nothing but its deletion.
 	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
