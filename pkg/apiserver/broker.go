@@ -41,8 +41,6 @@ type BrokerOptions struct {
 	OSBNamespace string
 	// OSBCertFile and OSBKeyFile serve the OSB API; empty: the apiserver's own.
 	OSBCertFile, OSBKeyFile string
-	// OSBMaxConcurrentWrites limits the OSB API's order writes in flight; 0: no limit.
-	OSBMaxConcurrentWrites int
 	// ClientQPS and ClientBurst limit the broker's requests to this server.
 	ClientQPS   float32
 	ClientBurst int
@@ -72,8 +70,6 @@ func (o *BrokerOptions) AddFlags(fs *pflag.FlagSet) {
 		"Namespace of the ServiceInstances and ServiceBindings placed through the OSB API.")
 	fs.StringVar(&o.OSBCertFile, "broker-osb-tls-cert-file", o.OSBCertFile, "Serving certificate of the OSB API. Empty: the apiserver's.")
 	fs.StringVar(&o.OSBKeyFile, "broker-osb-tls-private-key-file", o.OSBKeyFile, "Private key of --broker-osb-tls-cert-file.")
-	fs.IntVar(&o.OSBMaxConcurrentWrites, "broker-osb-max-concurrent-writes", osb.DefaultMaxConcurrentWrites,
-		"Order writes (provision, update, deprovision) the OSB API sends to this server at once; the others wait in arrival order. 0: no limit.")
 	// The loopback client's own limit (50 QPS, burst 100) queued every OSB
 	// provision behind the others: 50 platforms at once waited up to a second.
 	// The server's max-in-flight limits still protect it.
@@ -98,9 +94,6 @@ func (o *BrokerOptions) Complete() error {
 	}
 	if o.ClientQPS <= 0 || o.ClientBurst < 1 {
 		return fmt.Errorf("--broker-client-qps and --broker-client-burst must be positive, got %v and %d", o.ClientQPS, o.ClientBurst)
-	}
-	if o.OSBMaxConcurrentWrites < 0 {
-		return fmt.Errorf("--broker-osb-max-concurrent-writes must not be negative, got %d", o.OSBMaxConcurrentWrites)
 	}
 	if o.OSBAddress != "" {
 		if o.OSBCredentialsFile == "" {
@@ -220,7 +213,7 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, han
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
-	b := osb.New(mizar, workload, o.OSBNamespace, osb.WithMaxConcurrentWrites(o.OSBMaxConcurrentWrites))
+	b := osb.New(mizar, workload, o.OSBNamespace)
 	if err := b.Start(ctx); err != nil {
 		return err
 	}

@@ -60,59 +60,16 @@ type Broker struct {
 	// plan's schema again was most of a provision's CPU in this facade.
 	catalogMu sync.Mutex
 	catalog   map[types.UID]catalogEntry
-	// writes holds a slot per order write in flight (nil: no limit).
-	writes chan struct{}
 }
 
 var _ domain.ServiceBroker = &Broker{}
 
-// DefaultMaxConcurrentWrites is how many order writes (provision, update,
-// deprovision) the facade sends to the server at once; the others wait their
-// turn in arrival order. Fifty platforms writing at once on two cores made
-// every request share the CPU with all the others and left the slowest twice
-// as slow as the median; a few at a time, first come first served, keeps the
-// throughput and cuts that tail.
-const DefaultMaxConcurrentWrites = 8
-
-// Option adjusts a Broker made by New.
-type Option func(*Broker)
-
-// WithMaxConcurrentWrites limits the order writes in flight to n; 0 lifts the limit.
-func WithMaxConcurrentWrites(n int) Option {
-	return func(b *Broker) {
-		b.writes = nil
-		if n > 0 {
-			b.writes = make(chan struct{}, n)
-		}
-	}
-}
-
 // New returns the broker. Orders go to namespace, credentials are read from
 // the workload cluster. Start must run before it serves.
-func New(mizar versioned.Interface, workload kubernetes.Interface, namespace string, opts ...Option) *Broker {
+func New(mizar versioned.Interface, workload kubernetes.Interface, namespace string) *Broker {
 	inf := brokerinformers.NewServiceClassInformer(mizar, 0, cache.Indexers{})
-	b := &Broker{mizar: mizar, workload: workload, namespace: namespace,
-		classes: brokerlisters.NewServiceClassLister(inf.GetIndexer()), informer: inf,
-		writes: make(chan struct{}, DefaultMaxConcurrentWrites)}
-	for _, o := range opts {
-		o(b)
-	}
-	return b
-}
-
-// write runs an order write once a slot is free (a channel's waiting senders
-// are woken in arrival order), or fails, having changed nothing, when ctx
-// ends first (the platform went away).
-func (b *Broker) write(ctx context.Context, f func() error) error {
-	if b.writes != nil {
-		select {
-		case b.writes <- struct{}{}:
-			defer func() { <-b.writes }()
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for a turn to write the order: %w", context.Cause(ctx))
-		}
-	}
-	return f()
+	return &Broker{mizar: mizar, workload: workload, namespace: namespace,
+		classes: brokerlisters.NewServiceClassLister(inf.GetIndexer()), informer: inf}
 }
 
 // Start watches the catalog until ctx ends and returns once it is loaded.
@@ -295,11 +252,7 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
 		Spec:       want,
 	}
-	var created *brokerv1.ServiceInstance
-	err = b.write(ctx, func() (err error) {
-		created, err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Create(ctx, in, metav1.CreateOptions{})
-		return err
-	})
+	created, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Create(ctx, in, metav1.CreateOptions{})
 	switch {
 	case err == nil:
 		return domain.ProvisionedServiceSpec{IsAsync: true, OperationData: created.Status.Operation}, nil
@@ -375,9 +328,7 @@ func (b *Broker) Deprovision(ctx context.Context, id string, _ domain.Deprovisio
 		return domain.DeprovisionServiceSpec{}, fmt.Errorf("reading the order: %w", err)
 	}
 	uid := in.UID
-	err = b.write(ctx, func() error {
-		return b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Delete(ctx, id, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	})
+	err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Delete(ctx, id, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return domain.DeprovisionServiceSpec{}, apiresponses.ErrInstanceDoesNotExist
 	}
@@ -437,11 +388,7 @@ func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, 
 		return domain.UpdateServiceSpec{}, apiresponses.ErrConcurrentInstanceAccess
 	}
 	in.Spec = want
-	var updated *brokerv1.ServiceInstance
-	err = b.write(ctx, func() (err error) {
-		updated, err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Update(ctx, in, metav1.UpdateOptions{})
-		return err
-	})
+	updated, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Update(ctx, in, metav1.UpdateOptions{})
 	switch {
 	case apierrors.IsConflict(err):
 		return domain.UpdateServiceSpec{}, apiresponses.ErrConcurrentInstanceAccess

@@ -160,16 +160,11 @@ func BenchmarkProvision(b *testing.B) {
 
 		// The OSB API as the binary serves it: its own TLS listener and the
 		// server's loopback client, once with the loopback's old rate limit
-		// (50 QPS, burst 100), once with every order write sent at once, and
-		// once with the broker's own settings.
+		// (50 QPS, burst 100) and once with the broker's own.
 		for _, v := range []struct {
 			name  string
 			flags []string
-		}{
-			{"old-limit", []string{"--broker-client-qps", "50", "--broker-client-burst", "100"}},
-			{"unlimited", []string{"--broker-osb-max-concurrent-writes", "0"}},
-			{"served", nil},
-		} {
+		}{{"old-limit", []string{"--broker-client-qps", "50", "--broker-client-burst", "100"}}, {"served", nil}} {
 			url, client, server := servedOSB(b, c, v.flags...)
 			g := &osbFixture{t: b, url: url, http: client, serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID}
 			warm(g)

@@ -59,9 +59,6 @@ func TestFulfillmentFlagsAreCheckedBeforeStart(t *testing.T) {
 	if _, err := apiservertest.New(t.TempDir(), "--broker-workers", "0"); err == nil || !strings.Contains(err.Error(), "--broker-workers must be at least 1") {
 		t.Errorf("--broker-workers 0: %v", err)
 	}
-	if _, err := apiservertest.New(t.TempDir(), "--broker-osb-max-concurrent-writes", "-1"); err == nil || !strings.Contains(err.Error(), "--broker-osb-max-concurrent-writes must not be negative") {
-		t.Errorf("--broker-osb-max-concurrent-writes -1: %v", err)
-	}
 	if _, err := apiservertest.New(t.TempDir(), "--broker-client-qps", "0"); err == nil || !strings.Contains(err.Error(), "--broker-client-qps and --broker-client-burst must be positive") {
 		t.Errorf("--broker-client-qps 0: %v", err)
 	}
