@@ -191,9 +191,10 @@ func (o *BrokerOptions) WaitFulfillment() {
 	}
 }
 
-// startOSB serves the Open Service Broker API until ctx ends. certFile/keyFile
-// are the apiserver's serving pair, used unless the OSB API has its own.
-func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, certFile, keyFile string) error {
+// startOSB serves the Open Service Broker API until ctx ends. It reaches this
+// server through handler, the server's own handler chain; certFile/keyFile are
+// the apiserver's serving pair, used unless the OSB API has its own.
+func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, handler http.Handler, certFile, keyFile string) error {
 	if o.OSBCertFile != "" {
 		certFile, keyFile = o.OSBCertFile, o.OSBKeyFile
 	}
@@ -206,7 +207,9 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, cer
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-osb"))
+	// Handed to the handler chain in this process: the TLS and HTTP/2 of the
+	// loopback connection were a fifth of a provision's CPU.
+	mizar, err := versioned.NewForConfig(inProcessConfig(o.loopback(loopback, "mizar-broker-osb"), handler))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}
@@ -219,6 +222,10 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, cer
 		Handler:           b.Handler(o.osbCreds, slog.Default()),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
+		// Platforms keep their connections (HTTP/1.1 keep-alive, or HTTP/2,
+		// which ServeTLS offers) and resume TLS sessions by ticket; one left
+		// idle this long is closed rather than held forever.
+		IdleTimeout: 2 * time.Minute,
 	}
 	go func() {
 		<-ctx.Done()

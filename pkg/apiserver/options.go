@@ -313,7 +313,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.Broker.OSBAddress != "" {
 		certKey := o.Recommended.SecureServing.ServerCert.CertKey
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-osb", func(hc genericapiserver.PostStartHookContext) error {
-			return o.Broker.startOSB(hc, hc.LoopbackClientConfig, certKey.CertFile, certKey.KeyFile)
+			return o.Broker.startOSB(hc, hc.LoopbackClientConfig, server.GenericAPIServer.Handler, certKey.CertFile, certKey.KeyFile)
 		})
 	}
 	if standalone != nil {

@@ -369,6 +369,61 @@ func TestOSBListenerOfTheServer(t *testing.T) {
 	}
 }
 
+// TestOSBServedOrders places, repeats, refuses and deletes orders through
+// the server's own OSB listener, whose facade reaches the server through its
+// handler chain in process: the catalog watch, creates, reads and deletes
+// all take that path.
+func TestOSBServedOrders(t *testing.T) {
+	ctx := testContext(t)
+	c := createClassWithIDs(t)
+	// Returns once the class created after the start is in the catalog: the watch works.
+	url, hc, s := servedOSB(t, c)
+	f := &osbFixture{t: t, url: url, http: hc, serviceID: c.Spec.ID, smallID: c.Spec.Plans[0].ID, haID: c.Spec.Plans[1].ID}
+	orders := s.Client.BrokerV1alpha1().ServiceInstances("mizar-broker")
+	id := "served-" + utilrand.String(6)
+	path := "/v2/service_instances/" + id + "?accepts_incomplete=true"
+
+	f.expect(f.do("PUT", path, f.provisionBody(f.haID, map[string]any{"maxConnections": 1}), nil), 400, "invalid parameters")
+	if _, err := orders.Get(ctx, id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a refused provision left an order: %v", err)
+	}
+	r := f.expect(f.do("PUT", path, f.provisionBody(f.smallID, nil), nil), 202, "provision")
+	in, err := orders.Get(ctx, id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the order behind the 202: %v", err)
+	}
+	if r.body["operation"] != in.Status.Operation || in.Labels[osb.LabelOSB] != "true" {
+		t.Errorf("202 operation %v, stored order %q labels %v", r.body["operation"], in.Status.Operation, in.Labels)
+	}
+	if again := f.expect(f.do("PUT", path, f.provisionBody(f.smallID, nil), nil), 202, "the same provision"); again.body["operation"] != r.body["operation"] {
+		t.Errorf("the same provision answered operation %v, first %v", again.body["operation"], r.body["operation"])
+	}
+	f.expect(f.do("PUT", path, f.provisionBody(f.haID, nil), nil), 409, "different plan")
+	lo := f.expect(f.do("GET", "/v2/service_instances/"+id+"/last_operation", nil, nil), 200, "last_operation")
+	if lo.body["state"] != "in progress" {
+		t.Errorf("last_operation of a waiting order: %v", lo.body)
+	}
+	// A platform that speaks HTTP/2 gets it.
+	h2 := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+	req, _ := http.NewRequest("GET", url+"/v2/catalog", nil)
+	req.SetBasicAuth(creds.Username, creds.Password)
+	req.Header.Set("X-Broker-API-Version", "2.17")
+	if resp, err := h2.Do(req); err != nil || resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Errorf("catalog over HTTP/2: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	f.expect(f.do("DELETE", path+"&service_id="+f.serviceID+"&plan_id="+f.smallID, nil, nil), 202, "deprovision")
+	// No fulfillment operator runs here: the order waits for nothing but its deletion.
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := orders.Get(ctx, id, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the deprovisioned order stays: %v", err)
+	}
+}
+
 // startBroker returns a facade whose catalog watch runs until the test ends.
 func startBroker(t testing.TB, kube *kubefake.Clientset, ns string) *osb.Broker {
 	b := osb.New(shared.Client, kube, ns)
