@@ -13,8 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"mizar.dev/pkg/claim"
@@ -455,6 +459,39 @@ func release(ctx context.Context, s *claim.Store, uid string, keys []string) {
 type claimingStorage[T runtime.Object] struct {
 	storage.Interface
 	claims *Claims[T]
+}
+
+// claimingOptionsGetter builds each storage wrapped in a claimingStorage.
+type claimingOptionsGetter[T runtime.Object] struct {
+	generic.RESTOptionsGetter
+	claims *Claims[T]
+}
+
+func (g claimingOptionsGetter[T]) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
+	opts, err := g.RESTOptionsGetter.GetRESTOptions(resource, example)
+	if err != nil {
+		return opts, err
+	}
+	DecorateAfter(&opts, func(_ *storagebackend.ConfigForResource, _ string, _, _ func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
+		return &claimingStorage[T]{Interface: s, claims: g.claims}, destroy, nil
+	})
+	return opts, nil
+}
+
+// DecorateAfter makes opts' storage decorator hand what it built (and what it
+// was built from) to then, whose result the registry gets instead.
+func DecorateAfter(opts *generic.RESTOptions, then func(config *storagebackend.ConfigForResource, resourcePrefix string,
+	newFunc, newListFunc func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error)) {
+	decorate := opts.Decorator
+	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, keyFunc func(runtime.Object) (string, error),
+		newFunc, newListFunc func() runtime.Object, getAttrs storage.AttrFunc, trigger storage.IndexerFuncs, indexers *cache.Indexers,
+	) (storage.Interface, factory.DestroyFunc, error) {
+		s, destroy, err := decorate(config, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, trigger, indexers)
+		if err != nil {
+			return s, destroy, err
+		}
+		return then(config, resourcePrefix, newFunc, newListFunc, s, destroy)
+	}
 }
 
 func (s *claimingStorage[T]) Delete(ctx context.Context, key string, out runtime.Object, preconditions *storage.Preconditions,

@@ -115,6 +115,11 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 		store.BeginUpdate = k.beginUpdate(store)
 	}
 	trigger, indexers := k.indexers()
+	if k.Claims != nil {
+		// Wrapped as it is built: CompleteWithOptions starts goroutines that
+		// read store.Storage, so it must not change afterwards.
+		optsGetter = claimingOptionsGetter[T]{RESTOptionsGetter: optsGetter, claims: k.Claims}
+	}
 	opts := &generic.StoreOptions{RESTOptions: optsGetter, AttrFunc: k.getAttrs, TriggerFunc: trigger, Indexers: indexers}
 	if err := store.CompleteWithOptions(opts); err != nil {
 		return nil, nil, fmt.Errorf("building %s storage: %w", k.Resource, err)
@@ -122,7 +127,6 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 
 	rest := &REST{Store: store, shortNames: k.ShortNames}
 	if k.Claims != nil {
-		store.Storage.Storage = &claimingStorage[T]{Interface: store.Storage.Storage, claims: k.Claims}
 		rest.withClaims = k.createWithClaims(gvks[0].GroupKind())
 		rest.repair = func(ctx context.Context) (int, error) { return k.repair(ctx, store) }
 	}
