@@ -104,10 +104,11 @@ func run(binA, binB string, creates, rounds int, profile string) error {
 		}
 		sum[0] += cpu[0]
 		sum[1] += cpu[1]
-		fmt.Printf("round %d: A %s/create, B %s/create, B/A %.3f\n", r, cpu[0], cpu[1], cpu[1].Seconds()/cpu[0].Seconds())
+		fmt.Printf("round %d: A %s/create, B %s/create, B/A %.3f\n", r, cpu[0].Round(time.Microsecond), cpu[1].Round(time.Microsecond),
+			cpu[1].Seconds()/cpu[0].Seconds())
 	}
 	fmt.Printf("all rounds: A %s/create, B %s/create, B/A %.3f; peak RSS A %d MB, B %d MB\n",
-		sum[0]/time.Duration(rounds), sum[1]/time.Duration(rounds), sum[1].Seconds()/sum[0].Seconds(),
+		(sum[0] / time.Duration(rounds)).Round(time.Microsecond), (sum[1] / time.Duration(rounds)).Round(time.Microsecond), sum[1].Seconds()/sum[0].Seconds(),
 		peakRSS(servers[0].cmd.Process.Pid), peakRSS(servers[1].cmd.Process.Pid))
 	return nil
 }
