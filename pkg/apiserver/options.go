@@ -77,6 +77,9 @@ type Options struct {
 
 	// Shutdown is how the server stops on SIGTERM.
 	Shutdown ShutdownOptions
+	// GCPercent is the Go garbage collector's target (GOGC) when the GOGC
+	// environment variable is unset (see applyGCPercent).
+	GCPercent int
 
 	// flags is the set AddFlags registered on, to tell set flags from defaults.
 	flags *pflag.FlagSet
@@ -191,6 +194,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// cluster's size. The server's max-in-flight limits still protect it.
 	fs.Float32Var(&o.OperatorsClientQPS, "operators-client-qps", 1000, "Requests per second each operator may send to this server.")
 	fs.IntVar(&o.OperatorsClientBurst, "operators-client-burst", 2000, "Burst of --operators-client-qps.")
+	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent,
+		"The Go garbage collector's target, as GOGC: the heap may grow by this percentage of the live heap between collections. "+
+			"Higher spends memory to save CPU. Ignored when the GOGC environment variable is set.")
 }
 
 // KubeconfigPath is where a standalone server writes its admin kubeconfig.
@@ -205,6 +211,9 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 	}()
 
+	if err := applyGCPercent(o.GCPercent); err != nil {
+		return err
+	}
 	if o.OperatorsClientQPS <= 0 || o.OperatorsClientBurst < 1 {
 		return fmt.Errorf("--operators-client-qps and --operators-client-burst must be positive, got %v and %d", o.OperatorsClientQPS, o.OperatorsClientBurst)
 	}

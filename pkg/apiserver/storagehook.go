@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 
 	"go.etcd.io/etcd/client/v3/kubernetes"
@@ -81,14 +82,15 @@ func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource,
 			transformer = identity.NewEncryptCheckTransformer()
 		}
 		versioner := storage.APIObjectVersioner{}
+		decoder := &writtenDecoder{Decoder: etcd3.NewDefaultDecoder(config.Codec, versioner), versioner: versioner}
 		writer, err := etcd3.New(g.client, nil, config.Codec, newFunc, newListFunc, config.Prefix, resourcePrefix, config.GroupResource,
-			transformer, config.LeaseManagerConfig, etcd3.NewDefaultDecoder(config.Codec, versioner), versioner)
+			transformer, config.LeaseManagerConfig, decoder, versioner)
 		if err != nil {
 			destroy()
 			return nil, nil, fmt.Errorf("building the claim-writing store of %s: %w", resource, err)
 		}
 		var once sync.Once
-		return &claimWritingStorage{Interface: s, writer: writer, newFunc: newFunc}, func() {
+		return &claimWritingStorage{Interface: s, writer: writer, decoder: decoder, newFunc: newFunc}, func() {
 			// Called once per store and subresource.
 			once.Do(func() {
 				destroy()
@@ -99,16 +101,21 @@ func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource,
 	return opts, nil
 }
 
-// claimWritingStorage sends creates that carry claims to writer.
+// claimWritingStorage sends every create to writer: creates that carry claims
+// so that etcd writes those with the object, and the others too, so that none
+// decodes the object it has just encoded (writtenDecoder). The watch cache's
+// own Create would only have handed them to the store under it.
 type claimWritingStorage struct {
 	storage.Interface
 	writer  storage.Interface
+	decoder *writtenDecoder
 	newFunc func() runtime.Object
 }
 
 func (s *claimWritingStorage) Create(ctx context.Context, key string, obj, out runtime.Object, ttl uint64) error {
-	if claim.PendingFrom(ctx) == nil {
-		return s.Interface.Create(ctx, key, obj, out, ttl)
+	if out != nil {
+		s.decoder.written.Store(out, obj)
+		defer s.decoder.written.Delete(out)
 	}
 	return s.writer.Create(ctx, key, obj, out, ttl)
 }
@@ -129,4 +136,31 @@ func (s *claimWritingStorage) GuaranteedUpdate(ctx context.Context, key string, 
 		}
 	}
 	return s.writer.GuaranteedUpdate(ctx, key, destination, ignoreNotFound, preconditions, tryUpdate, cachedExistingObject)
+}
+
+// writtenDecoder answers a create with a copy of the object it wrote instead
+// of decoding the bytes just encoded from it (a JSON decode and a conversion
+// per create, about 4% of the server's CPU on Droplet creates). The copy
+// differs from the decoded object only where the encoding loses nothing a
+// client can see: timestamps below the second, nil against empty lists and
+// maps, all of which encode alike. Every other read decodes.
+type writtenDecoder struct {
+	etcd3.Decoder
+	versioner storage.Versioner
+	// written maps the out object of a create in flight to the object it writes.
+	written sync.Map
+}
+
+func (d *writtenDecoder) Decode(value []byte, objPtr runtime.Object, rev int64) error {
+	if obj, ok := d.written.Load(objPtr); ok {
+		src, dst := reflect.ValueOf(obj.(runtime.Object).DeepCopyObject()), reflect.ValueOf(objPtr)
+		if src.Type() == dst.Type() && dst.Kind() == reflect.Pointer {
+			dst.Elem().Set(src.Elem())
+			if err := d.versioner.UpdateObject(objPtr, uint64(rev)); err != nil {
+				return fmt.Errorf("setting the resource version of a created object: %w", err)
+			}
+			return nil
+		}
+	}
+	return d.Decoder.Decode(value, objPtr, rev)
 }

@@ -36,6 +36,9 @@ func TestValidateSize(t *testing.T) {
 		{"just under", func(e *networking.Endpoint) { e.Labels = big(13000) }, ""},
 		{"labels", func(e *networking.Endpoint) { e.Labels = big(16000) }, "metadata.labels"},
 		{"annotations", func(e *networking.Endpoint) { e.Annotations = big(16000) }, "metadata.annotations"},
+		// 200 kB of control characters encode as 1.2 MB of \u0000 escapes.
+		{"escaped", func(e *networking.Endpoint) { e.Annotations = map[string]string{"a": strings.Repeat("\x00", 200000)} }, "metadata.annotations"},
+		{"escaped under", func(e *networking.Endpoint) { e.Annotations = map[string]string{"a": strings.Repeat("\x00", 150000)} }, ""},
 		{"finalizers", func(e *networking.Endpoint) {
 			for i := range 70000 {
 				e.Finalizers = append(e.Finalizers, fmt.Sprintf("example.com/f-%d", i))
@@ -73,6 +76,12 @@ func BenchmarkValidateSize(b *testing.B) {
 	b.Run("baseline=ValidateEndpoint", func(b *testing.B) {
 		for range b.N {
 			_ = validation.ValidateEndpoint(e)
+		}
+	})
+	// What validateSize did before it bounded the size without encoding.
+	b.Run("encodedSize", func(b *testing.B) {
+		for range b.N {
+			_, _ = encodedSize(e)
 		}
 	})
 	b.Run("validateSize", func(b *testing.B) {
