@@ -15,9 +15,9 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
-	"k8s.io/client-go/tools/cache"
 
 	"mizar.dev/pkg/claim"
+	"mizar.dev/pkg/registry"
 )
 
 // StorageWrapper wraps the storage of one resource (above the watch cache). It
@@ -34,26 +34,10 @@ func (g wrappingOptionsGetter) GetRESTOptions(resource schema.GroupResource, exa
 	if err != nil {
 		return opts, err
 	}
-	decorateAfter(&opts, func(_ *storagebackend.ConfigForResource, _ string, _, _ func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
+	registry.DecorateAfter(&opts, func(_ *storagebackend.ConfigForResource, _ string, _, _ func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
 		return g.wrap(resource, s), destroy, nil
 	})
 	return opts, nil
-}
-
-// decorateAfter makes opts' storage decorator hand what it built (and what it
-// was built from) to then, whose result the registry gets instead.
-func decorateAfter(opts *generic.RESTOptions, then func(config *storagebackend.ConfigForResource, resourcePrefix string,
-	newFunc, newListFunc func() runtime.Object, s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error)) {
-	decorate := opts.Decorator
-	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, keyFunc func(runtime.Object) (string, error),
-		newFunc, newListFunc func() runtime.Object, getAttrs storage.AttrFunc, trigger storage.IndexerFuncs, indexers *cache.Indexers,
-	) (storage.Interface, factory.DestroyFunc, error) {
-		s, destroy, err := decorate(config, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, trigger, indexers)
-		if err != nil {
-			return s, destroy, err
-		}
-		return then(config, resourcePrefix, newFunc, newListFunc, s, destroy)
-	}
 }
 
 // claimWritingOptionsGetter gives every resource's storage a second store for
@@ -75,7 +59,7 @@ func (g claimWritingOptionsGetter) GetRESTOptions(resource schema.GroupResource,
 	if err != nil {
 		return opts, err
 	}
-	decorateAfter(&opts, func(config *storagebackend.ConfigForResource, resourcePrefix string, newFunc, newListFunc func() runtime.Object,
+	registry.DecorateAfter(&opts, func(config *storagebackend.ConfigForResource, resourcePrefix string, newFunc, newListFunc func() runtime.Object,
 		s storage.Interface, destroy factory.DestroyFunc) (storage.Interface, factory.DestroyFunc, error) {
 		transformer := config.Transformer
 		if transformer == nil {
