@@ -148,10 +148,10 @@ func (o *BrokerOptions) workloadConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
-// startFulfillment runs the operator against this server (through its loopback
-// client) until ctx ends, while this replica leads the fulfillment election on
+// startFulfillment runs the operator against this server (its loopback client,
+// handed to the handler chain in process) until ctx ends, while this replica leads the fulfillment election on
 // mizar's etcd: two replicas never advance orders at once.
-func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config, etcd *clientv3.Client) error {
+func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config, handler http.Handler, etcd *clientv3.Client) error {
 	identity := leader.NewIdentity()
 	// The workload cluster's audit log names the replica that acted.
 	cfg := rest.CopyConfig(o.workload)
@@ -160,7 +160,7 @@ func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Con
 	if err != nil {
 		return fmt.Errorf("workload cluster client: %w", err)
 	}
-	mizar, err := versioned.NewForConfig(o.loopback(loopback, "mizar-broker-fulfillment/"+identity))
+	mizar, err := versioned.NewForConfig(inProcessConfig(o.loopback(loopback, "mizar-broker-fulfillment/"+identity), handler))
 	if err != nil {
 		return fmt.Errorf("loopback client: %w", err)
 	}

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,9 +40,10 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		sreq.Body = http.NoBody
 	}
 	pr, pw := io.Pipe()
-	w := &pipeResponseWriter{header: http.Header{}, body: pw, started: make(chan struct{})}
+	w := &pipeResponseWriter{header: http.Header{}, body: pw, started: make(chan struct{}), ctx: sreq.Context(), served: make(chan struct{})}
 	go func() {
 		var err error
+		defer close(w.served)
 		defer func() {
 			if r := recover(); r != nil {
 				// As net/http's server does: a handler's panic breaks the
@@ -81,6 +83,9 @@ type pipeResponseWriter struct {
 	body    *io.PipeWriter
 	once    sync.Once
 	started chan struct{}
+	// ctx is the request's; served closes when the handler returns.
+	ctx    context.Context
+	served chan struct{}
 	// Set once, before started closes.
 	code int
 	sent http.Header
@@ -103,6 +108,21 @@ func (w *pipeResponseWriter) Write(p []byte) (int, error) {
 
 func (w *pipeResponseWriter) Flush() {}
 
+// CloseNotify reports the client gone when the request's context ends.
+// k8s.io/apiserver's response writer wrappers keep Flush, which watches
+// need, only for writers that are also CloseNotifiers, as net/http's are.
+func (w *pipeResponseWriter) CloseNotify() <-chan bool {
+	gone := make(chan bool, 1)
+	go func() {
+		select {
+		case <-w.ctx.Done():
+			gone <- true
+		case <-w.served:
+		}
+	}()
+	return gone
+}
+
 // finish answers a request whose handler returned (or panicked) without
 // writing anything: 200 with an empty body, or err.
 func (w *pipeResponseWriter) finish(err error) {
@@ -112,4 +132,7 @@ func (w *pipeResponseWriter) finish(err error) {
 	})
 }
 
-var _ http.Flusher = &pipeResponseWriter{}
+var _ interface {
+	http.Flusher
+	http.CloseNotifier
+} = &pipeResponseWriter{}

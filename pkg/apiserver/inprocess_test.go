@@ -5,12 +5,19 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apiserver/pkg/endpoints/responsewriter"
 	"k8s.io/client-go/rest"
 )
+
+// decorator is a response writer decorator like k8s.io/apiserver's filters'.
+type decorator struct{ http.ResponseWriter }
+
+func (d decorator) Unwrap() http.ResponseWriter { return d.ResponseWriter }
 
 func TestInProcessTransport(t *testing.T) {
 	release := make(chan struct{})
@@ -33,6 +40,10 @@ func TestInProcessTransport(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		case "/slow":
 			<-r.Context().Done()
+		case "/wrapped":
+			// As k8s.io/apiserver's filters wrap it: a watch needs Flush through them.
+			_, ok := responsewriter.WrapForHTTP1Or2(decorator{w}).(http.Flusher)
+			w.Header().Set("X-Flusher", strconv.FormatBool(ok))
 		}
 	})
 	cfg := inProcessConfig(&rest.Config{Host: "https://127.0.0.1:1", BearerToken: "loopback-token",
@@ -78,6 +89,15 @@ func TestInProcessTransport(t *testing.T) {
 		t.Errorf("an aborted response should fail after its first part: %q %v", b, err)
 	}
 	resp.Body.Close()
+
+	resp, err = client.Get("https://in-process/wrapped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("X-Flusher") != "true" {
+		t.Errorf("the writer wrapped as k8s.io/apiserver wraps it lost http.Flusher: watches would fail")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

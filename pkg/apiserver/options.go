@@ -316,7 +316,7 @@ func (o *Options) Run(ctx context.Context) error {
 		// It uses the etcd client closed by the cleanups: wait for it first.
 		defer o.Broker.WaitFulfillment()
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
-			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig, client)
+			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig, server.GenericAPIServer.Handler, client)
 		})
 	}
 	if o.Broker.OSBAddress != "" {

@@ -113,7 +113,9 @@ func (c *Config) New() (*Server, error) {
 			s.operatorsStarted.Store(true)
 			go func() {
 				defer close(s.operatorsDone)
-				_ = operators.Run(hook, operators.Options{Config: hook.LoopbackClientConfig, Etcd: etcd,
+				// In process: every watch event and status write of the
+				// operators skips TLS and HTTP/2 framing on both ends.
+				_ = operators.Run(hook, operators.Options{Config: inProcessConfig(hook.LoopbackClientConfig, generic.Handler), Etcd: etcd,
 					ClientQPS: c.OperatorsClientQPS, ClientBurst: c.OperatorsClientBurst})
 			}()
 			return nil
