@@ -19,9 +19,6 @@ const MaxObjectBytes = etcd.MaxRequestBytes * 2 / 3
 // validateSize refuses an object whose encoding is over MaxObjectBytes, naming
 // its largest part so the client knows what to trim.
 func validateSize(obj runtime.Object, status any) field.ErrorList {
-	if _, ok := jsonSizeBound(obj, MaxObjectBytes); ok {
-		return nil
-	}
 	size, err := encodedSize(obj)
 	if err != nil || size <= MaxObjectBytes {
 		// An object that cannot be encoded fails later with its own error.

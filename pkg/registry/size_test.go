@@ -78,12 +78,6 @@ func BenchmarkValidateSize(b *testing.B) {
 			_ = validation.ValidateEndpoint(e)
 		}
 	})
-	// What validateSize did before it bounded the size without encoding.
-	b.Run("encodedSize", func(b *testing.B) {
-		for range b.N {
-			_, _ = encodedSize(e)
-		}
-	})
 	b.Run("validateSize", func(b *testing.B) {
 		for range b.N {
 			_ = validateSize(e, &e.Status)
