@@ -103,7 +103,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	n := a.client.NetworkingV1alpha1()
 	host := &stream[*v1alpha1.Endpoint]{
 		name: "endpoints on " + a.name, selector: onMe,
-		list:  listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		list:  lister(n.Endpoints(metav1.NamespaceAll).List, endpointItems),
 		watch: n.Endpoints(metav1.NamespaceAll).Watch,
 		set:   a.dp.SetHostEndpoint,
 		del:   a.dp.DeleteHostEndpoint,
@@ -116,13 +116,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	bouncers := &stream[*v1alpha1.Bouncer]{
 		name: "bouncers on " + a.name, selector: onMe,
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Bouncer, string, error) {
-			l, err := n.Bouncers().List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
+		list:   lister(n.Bouncers().List, func(l *v1alpha1.BouncerList) []v1alpha1.Bouncer { return l.Items }),
 		watch:  n.Bouncers().Watch,
 		set:    a.startBouncer,
 		del:    func(key string) error { return a.stop("bouncer/"+key, func() error { return a.dp.DeleteBouncer(key) }) },
@@ -131,13 +125,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	dividers := &stream[*v1alpha1.Divider]{
 		name: "dividers on " + a.name, selector: onMe,
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Divider, string, error) {
-			l, err := n.Dividers().List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
+		list:   lister(n.Dividers().List, func(l *v1alpha1.DividerList) []v1alpha1.Divider { return l.Items }),
 		watch:  n.Dividers().Watch,
 		set:    a.startDivider,
 		del:    func(key string) error { return a.stop("divider/"+key, func() error { return a.dp.DeleteDivider(key) }) },
@@ -192,7 +180,7 @@ func (a *Agent) startBouncer(b *v1alpha1.Bouncer) error {
 	s := &stream[*v1alpha1.Endpoint]{
 		name:     "endpoints of subnet " + b.Spec.Subnet + " for bouncer " + name,
 		selector: fields.OneTermEqualSelector("spec.subnet", b.Spec.Subnet).String(),
-		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		list:     lister(n.Endpoints(metav1.NamespaceAll).List, endpointItems),
 		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
 		set:      func(ep *v1alpha1.Endpoint) error { return a.dp.SetBouncerEndpoint(name, ep) },
 		del:      func(key string) error { return a.dp.DeleteBouncerEndpoint(name, key) },
@@ -300,15 +288,20 @@ func (a *Agent) patchStatus(ctx context.Context, kind, name, placedOn string, st
 // fieldManager names the agent in managedFields.
 const fieldManager = "mizar-nodeagent"
 
-func listEndpoints(list func(context.Context, metav1.ListOptions) (*v1alpha1.EndpointList, error)) func(context.Context, metav1.ListOptions) ([]*v1alpha1.Endpoint, string, error) {
-	return func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Endpoint, string, error) {
+// lister makes a stream's list from a typed client's List and the items of
+// the list it returns.
+func lister[T any, L interface{ GetResourceVersion() string }](list func(context.Context, metav1.ListOptions) (L, error),
+	items func(L) []T) func(context.Context, metav1.ListOptions) ([]*T, string, error) {
+	return func(ctx context.Context, o metav1.ListOptions) ([]*T, string, error) {
 		l, err := list(ctx, o)
 		if err != nil {
 			return nil, "", err
 		}
-		return ptrs(l.Items), l.ResourceVersion, nil
+		return ptrs(items(l)), l.GetResourceVersion(), nil
 	}
 }
+
+func endpointItems(l *v1alpha1.EndpointList) []v1alpha1.Endpoint { return l.Items }
 
 func ptrs[T any](items []T) []*T {
 	out := make([]*T, len(items))

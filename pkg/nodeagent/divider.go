@@ -53,16 +53,10 @@ func (dv *divider) run(ctx context.Context) {
 	s := &stream[*v1alpha1.Subnet]{
 		name:     "subnets of VPC " + dv.vpc + " for divider " + dv.name,
 		selector: fields.OneTermEqualSelector("spec.vpc", dv.vpc).String(),
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Subnet, string, error) {
-			l, err := n.Subnets().List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
-		watch: n.Subnets().Watch,
-		set:   func(s *v1alpha1.Subnet) error { return dv.setSubnet(ctx, s) },
-		del:   func(key string) error { return dv.deleteSubnet(ctx, key) },
+		list:     lister(n.Subnets().List, func(l *v1alpha1.SubnetList) []v1alpha1.Subnet { return l.Items }),
+		watch:    n.Subnets().Watch,
+		set:      func(s *v1alpha1.Subnet) error { return dv.setSubnet(ctx, s) },
+		del:      func(key string) error { return dv.deleteSubnet(ctx, key) },
 		synced: func(ctx context.Context, _ string) error {
 			dv.mu.Lock()
 			dv.listed = true
@@ -156,7 +150,7 @@ func (dv *divider) endpointStream(subnet string) *stream[*v1alpha1.Endpoint] {
 	return &stream[*v1alpha1.Endpoint]{
 		name:     "endpoints of subnet " + subnet + " for divider " + dv.name,
 		selector: fields.OneTermEqualSelector("spec.subnet", subnet).String(),
-		list:     listEndpoints(n.Endpoints(metav1.NamespaceAll).List),
+		list:     lister(n.Endpoints(metav1.NamespaceAll).List, endpointItems),
 		watch:    n.Endpoints(metav1.NamespaceAll).Watch,
 		set: func(ep *v1alpha1.Endpoint) error {
 			dv.hold(subnet, ep.Namespace+"/"+ep.Name, true)

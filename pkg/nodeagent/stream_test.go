@@ -56,13 +56,7 @@ func TestStreamResumesAndRelists(t *testing.T) {
 	var calls atomic.Int32
 	s := &stream[*v1alpha1.Droplet]{
 		name: "test", selector: "spec.node=" + node,
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Droplet, string, error) {
-			l, err := c.List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
+		list: lister(c.List, func(l *v1alpha1.DropletList) []v1alpha1.Droplet { return l.Items }),
 		watch: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			mu.Lock()
 			watchRVs = append(watchRVs, o.ResourceVersion)
@@ -145,13 +139,7 @@ func TestStreamCoalescesAcknowledgements(t *testing.T) {
 	applied := map[string]string{}
 	s := &stream[*v1alpha1.Droplet]{
 		name: "test", selector: "spec.node=" + node,
-		list: func(ctx context.Context, o metav1.ListOptions) ([]*v1alpha1.Droplet, string, error) {
-			l, err := c.List(ctx, o)
-			if err != nil {
-				return nil, "", err
-			}
-			return ptrs(l.Items), l.ResourceVersion, nil
-		},
+		list:  lister(c.List, func(l *v1alpha1.DropletList) []v1alpha1.Droplet { return l.Items }),
 		watch: c.Watch,
 		set: func(d *v1alpha1.Droplet) error {
 			mu.Lock()
