@@ -31,23 +31,21 @@ type testCA struct {
 
 var serial int64
 
-func newCA(t testing.TB, name string) *testCA {
+// sign makes a certificate from tmpl with a new key, signed by parent, or by
+// itself when parent is nil.
+func sign(t testing.TB, tmpl *x509.Certificate, parent *testCA) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
+	tmpl.SerialNumber = big.NewInt(serial)
+	issuer := &testCA{cert: tmpl, key: key}
+	if parent != nil {
+		issuer = parent
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer.cert, &key.PublicKey, issuer.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,31 +56,28 @@ func newCA(t testing.TB, name string) *testCA {
 	return &testCA{cert: cert, key: key}
 }
 
+func newCA(t testing.TB, name string) *testCA {
+	t.Helper()
+	return sign(t, &x509.Certificate{
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}, nil)
+}
+
 // issue signs a client certificate for cn valid in [notBefore, notAfter].
 func (ca *testCA) issue(t testing.TB, cn string, notBefore, notAfter time.Time) *x509.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: cn, Organization: []string{"team"}},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
+	return sign(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: []string{"team"}},
+		NotBefore:   notBefore,
+		NotAfter:    notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca).cert
 }
 
 func (ca *testCA) client(t testing.TB, cn string) *x509.Certificate {
