@@ -16,7 +16,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -35,6 +34,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"mizar.dev/test/cluster"
 )
 
 func main() {
@@ -163,7 +164,7 @@ func start(name, bin, dir string) (*server, error) {
 func measure(servers []*server, next *atomic.Int64, n int) ([]time.Duration, error) {
 	before := make([]time.Duration, len(servers))
 	for i, s := range servers {
-		t, err := cpuTime(s.cmd.Process.Pid)
+		t, err := cluster.ProcessCPUTime(s.cmd.Process.Pid)
 		if err != nil {
 			return nil, err
 		}
@@ -201,7 +202,7 @@ func measure(servers []*server, next *atomic.Int64, n int) ([]time.Duration, err
 	}
 	out := make([]time.Duration, len(servers))
 	for i, s := range servers {
-		t, err := cpuTime(s.cmd.Process.Pid)
+		t, err := cluster.ProcessCPUTime(s.cmd.Process.Pid)
 		if err != nil {
 			return nil, err
 		}
@@ -216,27 +217,6 @@ func takeProfile(s *server, path string) error {
 		return fmt.Errorf("profiling %s: %w", s.name, err)
 	}
 	return os.WriteFile(path, b, 0o644)
-}
-
-// cpuTime is the user and system time pid has used (/proc/<pid>/stat, in the
-// kernel's 100 Hz ticks).
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which is in parentheses and may hold spaces.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 13 {
-		return 0, errors.New("unexpected /proc/<pid>/stat: " + string(b))
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("parsing /proc/%d/stat: %w", pid, err)
-	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // peakRSS is pid's peak resident set (VmHWM) in MB, 0 if unknown.
