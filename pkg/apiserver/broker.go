@@ -149,8 +149,9 @@ func (o *BrokerOptions) workloadConfig() (*rest.Config, error) {
 }
 
 // startFulfillment runs the operator against this server (its loopback client,
-// handed to the handler chain in process) until ctx ends, while this replica leads the fulfillment election on
-// mizar's etcd: two replicas never advance orders at once.
+// handed to the handler chain in process) until ctx ends, while this replica
+// leads the fulfillment election on mizar's etcd: two replicas never advance
+// orders at once.
 func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Config, handler http.Handler, etcd *clientv3.Client) error {
 	identity := leader.NewIdentity()
 	// The workload cluster's audit log names the replica that acted.

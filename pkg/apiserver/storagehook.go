@@ -41,11 +41,12 @@ func (g wrappingOptionsGetter) GetRESTOptions(resource schema.GroupResource, exa
 }
 
 // claimWritingOptionsGetter gives every resource's storage a second store for
-// creates that carry claims (claim.PendingFrom): k8s.io/apiserver's own etcd3
-// store (its codec, transformer and metrics) on an etcd client whose creates
-// write the claims in the object's transaction (claim.Store.Client). Reads,
-// watches and every other write keep the storage the options build: the watch
-// cache over the factory's store, with its compactor and monitors. Giving the
+// creates, and for applies that carry claims (claim.PendingFrom):
+// k8s.io/apiserver's own etcd3 store (its codec, transformer and metrics) on an
+// etcd client whose creates write the claims in the object's transaction
+// (claim.Store.Client). Reads, watches and every other write keep the storage
+// the options build: the watch cache over the factory's store, with its
+// compactor and monitors. Giving the
 // factory's store itself that client is not possible: the factory builds its
 // client in unexported code (newETCD3Client), and StorageWithCacher builds the
 // watch cache only over a store the factory makes.
