@@ -106,6 +106,10 @@ int mizar_underlay(struct xdp_md *ctx)
 	 * address is about to decide trust: it must be the one sent. */
 	if (!ipv4_csum_ok(iph))
 		return ul_drop(UL_DROP_IP_CHECKSUM);
+	/* This host never sends Geneve to itself: such a frame came from
+	 * someone else on the segment, whatever the droplets map says. */
+	if (iph->saddr == self_ip())
+		return ul_drop(UL_DROP_SELF_SOURCE);
 	/* Caches below are valid while the agent changes nothing. */
 	__u64 gen = current_generation();
 

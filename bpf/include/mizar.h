@@ -169,6 +169,7 @@ enum underlay_counter {
 	UL_LEARN,               /* learned where an inner source lives, from a relay */
 	UL_STAMP,               /* relay: wrote the verified sender into the option */
 	UL_REBOUNCE,            /* not a relay: sent on to a relay, outer source kept */
+	UL_DROP_SELF_SOURCE,    /* outer source is this host's own address */
 	UL_MAX,
 };
 

@@ -219,7 +219,8 @@ const (
 	mizarUnderlayCounterUL_LEARN               mizarUnderlayCounter = 23
 	mizarUnderlayCounterUL_STAMP               mizarUnderlayCounter = 24
 	mizarUnderlayCounterUL_REBOUNCE            mizarUnderlayCounter = 25
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 26
+	mizarUnderlayCounterUL_DROP_SELF_SOURCE    mizarUnderlayCounter = 26
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 27
 )
 
 type mizarVpc struct {

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -165,4 +166,68 @@ func TestPodFramesNeverLeak(t *testing.T) {
 			}
 		})
 	}
+}
+
+// spoofed is whole Geneve frames as a machine on the underlay can write them
+// through a packet socket: any outer source address and MAC, sent on from's
+// ul0 toward to.
+func spoofed(t *testing.T, from *testHost, src netip.Addr, srcMAC []byte, to *testHost, vni uint32,
+	opts []*layers.GeneveOption, p inner, innerDst *testPod) []byte {
+	t.Helper()
+	p.srcMAC, p.dstMAC = srcMAC, innerDst.mac
+	o := outer{src: src, srcMAC: srcMAC, dst: to.ip, dstMAC: to.mac, vni: vni, sport: 0xC123, df: true, options: opts}
+	return o.geneve(t, p.frame(t))
+}
+
+// addStranger plugs a host that is no droplet into the underlay and waits
+// until its port forwards (a frame sent at once may be lost before the
+// bridge port is up, which a refusal test would count as refused).
+func addStranger(t *testing.T, tn *testNet, name string, to *testHost) *testHost {
+	t.Helper()
+	M := tn.addHost(t, name)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := M.ns.exec(ctx, "ping", "-n", "-q", "-c", "1", "-W", "1", to.ip.String())
+		cancel()
+		if err == nil {
+			return M
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s cannot reach %s on the underlay: %v", name, to.name, err)
+		}
+	}
+}
+
+// expectRefused sends frames on from's ul0 three times and checks that pod
+// got none of them and host to counted each under refusal.
+func expectRefused(t *testing.T, from, to *testHost, pod *testPod, refusal, marker string, frame []byte) {
+	t.Helper()
+	capPod := pod.ns.capture(t, "eth0")
+	before := counters(t, to)
+	from.ns.sendRaw(t, "ul0", frame, frame, frame)
+	settle()
+	if carries(capPod.stop(), marker) {
+		t.Fatalf("pod %s got a frame that %s should have refused as %s", pod.name, to.name, refusal)
+	}
+	after := counters(t, to)
+	if n := after.Underlay[refusal] - before.Underlay[refusal]; n != 3 {
+		t.Fatalf("%s counted %d %s, want 3 (underlay counters %v)", to.name, n, refusal, after.Underlay)
+	}
+}
+
+// A frame claiming to come from the receiving host itself is someone else's
+// on the segment: refused even though every host of the test net, the
+// receiver included, is in its own droplets map.
+func TestUnderlayOwnSourceRefused(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b := tn.pods["a"], tn.pods["b"]
+	B := tn.hosts["B"]
+	M := addStranger(t, tn, "M", B)
+	marker := "mizar-self-" + tn.sfx
+	// M writes B's own address as the outer source (with its own MAC: the
+	// bridge would not hand B a frame from B's MAC), and a (a pod B trusts
+	// from nobody but A) as the inner one.
+	f := spoofed(t, M, B.ip, M.mac, B, vpc1, nil, markedUDP(a.ip, b.ip, marker), b)
+	expectRefused(t, M, B, b, "drop_self_source", marker, f)
 }
