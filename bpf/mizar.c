@@ -215,10 +215,19 @@ int mizar_underlay(struct xdp_md *ctx)
 
 			__u64 j = bpf_jiffies64();
 
-			/* This flow refreshed the entry a moment ago. */
-			if (fl && fl->learned == sender && j - fl->learned_j < learn_skip_jiffies())
-				sender = 0;
-			if (sender && sender != self) {
+			/* This flow refreshed the entry (or was refused) a moment
+			 * ago; else what a relay says is checked against what the
+			 * API says. */
+			int refused = fl && fl->learned == sender && j - fl->learned_j < learn_skip_jiffies() ?
+					      -1 : learn_refusal(vni, iip->saddr, sender, self, gen);
+
+			if (refused > 0)
+				count_ul(refused);
+			if (refused > 0 && fl) {
+				fl->learned = sender;
+				fl->learned_j = j;
+			}
+			if (!refused) {
 				struct endpoint_key k = { .vni = vni };
 				__u64 now = bpf_ktime_get_coarse_ns();
 
@@ -592,8 +601,9 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	return pod_redirected(bpf_redirect(oif, 0), done);
 }
 
-/* The next hop toward a learned host: its MAC when the agent gave one (same
- * L2 segment), else zero for the FIB to resolve. */
+/* The next hop toward a learned host (a droplet: checked when the flow
+ * looked it up): its MAC when the agent gave one (same L2 segment), else
+ * zero for the FIB to resolve. */
 static __always_inline void learned_hop(struct hop *h, __u32 peer, __u64 gen)
 {
 	const struct droplet *d = droplet_lookup(peer, gen);
@@ -772,6 +782,10 @@ int mizar_pod(struct __sk_buff *skb)
 		__u64 now = 0, expires = 0;
 		__u32 peer = learned_host(cfg->vni, daddr, &now, 1, &expires);
 
+		/* Only ever toward a droplet the API names (an entry learned
+		 * before its droplet went, or before this check, is ignored). */
+		if (peer && (peer == self_ip() || !known_droplet(peer, gen)))
+			peer = 0;
 		with_opt = fits_opt;
 		if (!peer && rf)
 			rf->unlearned = 1;

@@ -170,6 +170,7 @@ enum underlay_counter {
 	UL_STAMP,               /* relay: wrote the verified sender into the option */
 	UL_REBOUNCE,            /* not a relay: sent on to a relay, outer source kept */
 	UL_DROP_SELF_SOURCE,    /* outer source is this host's own address */
+	UL_LEARN_REFUSED,       /* option named no droplet, this host, or not the endpoint's API host: not learned */
 	UL_MAX,
 };
 

@@ -341,6 +341,34 @@ static __always_inline __u32 learned_host(__u32 vni, __u32 ip, __u64 *now, const
 	return load_u32(ln->host_ip);
 }
 
+/* An address no droplet can have: unspecified, loopback, multicast,
+ * class E or broadcast (0/8, 127/8, 224/3 and up). */
+static __always_inline int ip_never_droplet(__u32 ip)
+{
+	__u32 first = bpf_ntohl(ip) >> 24;
+
+	return first == 0 || first == 127 || first >= 224;
+}
+
+/* May the sending-host option teach "(vni, isrc) lives at sender"? Only a
+ * known droplet that is not this host, and, when the agent's maps name the
+ * endpoint's host, only that host (whose entry wins over a learned one
+ * anyway). Returns 0 to learn, -1 when there is nothing to learn (the map
+ * names sender), or UL_LEARN_REFUSED. */
+static __always_inline int learn_refusal(__u32 vni, __u32 isrc, __u32 sender, __u32 self, __u64 gen)
+{
+	if (sender == self || ip_never_droplet(sender) || !known_droplet(sender, gen))
+		return UL_LEARN_REFUSED;
+
+	struct endpoint_key k = { .vni = vni };
+
+	store_u32(k.ip, isrc);
+	struct endpoint *ep = bpf_map_lookup_elem(&endpoints, &k);
+	if (ep)
+		return !ep->ifindex && load_u32(ep->host_ip) == sender ? -1 : UL_LEARN_REFUSED;
+	return 0;
+}
+
 /* Trust on the underlay: may the droplet at outer source osrc carry a packet
  * whose inner source is isrc in VPC vni? A bouncer or divider of the VPC may
  * (it checked the source where the packet entered the overlay); any other

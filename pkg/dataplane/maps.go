@@ -520,6 +520,12 @@ func (d *Datapath) UpsertDroplet(h Hop) (err error) {
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
 	}
+	// The programs refuse to learn these whatever the map says
+	// (ip_never_droplet): a droplet holding one would be unreachable.
+	if a := h.IP.Unmap(); a.IsLoopback() || a.IsMulticast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) ||
+		a.As4()[0] == 0 || a.As4()[0] >= 224 {
+		return fmt.Errorf("droplet %s: not a unicast address", h.IP)
+	}
 	var v mizarDroplet
 	if h.MAC != nil {
 		if v.Mac, err = mac("droplet MAC", h.MAC); err != nil {

@@ -220,7 +220,8 @@ const (
 	mizarUnderlayCounterUL_STAMP               mizarUnderlayCounter = 24
 	mizarUnderlayCounterUL_REBOUNCE            mizarUnderlayCounter = 25
 	mizarUnderlayCounterUL_DROP_SELF_SOURCE    mizarUnderlayCounter = 26
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 27
+	mizarUnderlayCounterUL_LEARN_REFUSED       mizarUnderlayCounter = 27
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 28
 )
 
 type mizarVpc struct {

@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/sys/unix"
 )
 
 // Trust and leaks, through the kernel: frames enter real veths and bridges of
@@ -230,4 +232,117 @@ func TestUnderlayOwnSourceRefused(t *testing.T) {
 	// from nobody but A) as the inner one.
 	f := spoofed(t, M, B.ip, M.mac, B, vpc1, nil, markedUDP(a.ip, b.ip, marker), b)
 	expectRefused(t, M, B, b, "drop_self_source", marker, f)
+}
+
+// geneveWithOption is the Geneve payload a relay writes: VNI, mizar's
+// sending-host option naming host, inner Ethernet and packet.
+func geneveWithOption(tb testing.TB, vni uint32, host netip.Addr, srcMAC, dstMAC []byte, p inner) []byte {
+	tb.Helper()
+	p.srcMAC, p.dstMAC = srcMAC, dstMAC
+	return serialize(tb, false, &layers.Geneve{Protocol: layers.EthernetTypeTransparentEthernetBridging, VNI: vni,
+		Options: srcHostOption(host)}, gopacket.Payload(p.frame(tb)))
+}
+
+// What the sending-host option may teach, through the kernel: relay C (a
+// real one, sending from its own address and MAC) delivers b's packets to a
+// on A, naming various hosts. Only a droplet that is not A, for an endpoint
+// whose host A's maps do not name otherwise, is learned.
+func TestLearnOnlyWhatTheAPIVouchesFor(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b := tn.pods["a"], tn.pods["b"]
+	A, B, C := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"]
+	M := addStranger(t, tn, "M", A)
+	cases := []struct {
+		name  string
+		host  netip.Addr
+		learn bool
+	}{
+		{"a stranger", M.ip, false},
+		{"A itself", A.ip, false},
+		{"an address outside the droplet set", addr("203.0.113.7"), false},
+		{"broadcast", addr("255.255.255.255"), false},
+		{"loopback", addr("127.0.0.1"), false},
+		{"multicast", addr("224.0.0.1"), false},
+		{"unspecified", addr("0.0.0.0"), false},
+		{"B, a droplet", B.ip, true},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			must(t, A.dp.ForgetLearned(vpc1, b.ip))
+			marker := fmt.Sprintf("mizar-vouch-%d-%s", i, tn.sfx)
+			capPod := a.ns.capture(t, "eth0")
+			before := counters(t, A)
+			C.ns.sendUDP(t, netip.AddrPortFrom(A.ip, 6081), 0,
+				geneveWithOption(t, vpc1, c.host, b.mac, a.mac, markedUDP(b.ip, a.ip, marker)))
+			settle()
+			// C is a relay: the packet itself is delivered either way.
+			if !carries(capPod.stop(), marker) {
+				t.Fatalf("a did not get the relay's packet (counters %v)", counters(t, A).Underlay)
+			}
+			after := counters(t, A)
+			l, err := A.dp.Learned()
+			must(t, err)
+			if !c.learn {
+				if len(l) != 0 {
+					t.Fatalf("A learned %+v from an option naming %s", l, c.host)
+				}
+				if n := after.Underlay["learn_refused"] - before.Underlay["learn_refused"]; n != 1 {
+					t.Fatalf("A counted %d learn_refused, want 1", n)
+				}
+				return
+			}
+			if len(l) != 1 || l[0].IP != b.ip || l[0].HostIP != B.ip {
+				t.Fatalf("A learned %+v, want b at B", l)
+			}
+		})
+	}
+
+	// Where A's maps name the endpoint's host (A bounces for it, say), an
+	// option naming any other droplet teaches nothing, even from a relay.
+	must(t, A.dp.ForgetLearned(vpc1, b.ip))
+	tn.remoteEndpoint(t, A, b)
+	before := counters(t, A)
+	C.ns.sendUDP(t, netip.AddrPortFrom(A.ip, 6081), 0,
+		geneveWithOption(t, vpc1, C.ip, b.mac, a.mac, markedUDP(b.ip, a.ip, "mizar-vouch-api-"+tn.sfx)))
+	settle()
+	if l, _ := A.dp.Learned(); len(l) != 0 {
+		t.Fatalf("A learned %+v against its endpoints map", l)
+	}
+	if n := counters(t, A).Underlay["learn_refused"] - before.Underlay["learn_refused"]; n != 1 {
+		t.Fatalf("A counted %d learn_refused for a host other than the API's, want 1", n)
+	}
+}
+
+// A learned path never sends a pod's traffic to a host outside the droplet
+// set: an entry naming one (learned before this check, or before its
+// droplet went) is ignored, and a's packets to b take the relay.
+func TestLearnedPathOnlyToDroplets(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b := tn.pods["a"], tn.pods["b"]
+	A := tn.hosts["A"]
+	M := addStranger(t, tn, "M", A)
+	k, err := endpointKey(vpc1, b.ip)
+	must(t, err)
+	var ts unix.Timespec
+	must(t, unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts))
+	v := mizarLearnedEntry{HostIp: M.ip.As4(), Expires: uint64(ts.Nano() + int64(time.Hour))}
+	must(t, A.dp.objs.Learned.Put(&k, &v))
+	capM := M.ns.capture(t, "ul0")
+	serveIdentity(t, b)
+	if out, ok := a.pingArgs(t, b.ip, 20, "-i", "0.02"); !ok || !strings.Contains(out, " 0% packet loss") {
+		t.Fatalf("a -> b with a poisoned entry:\n%s", out)
+	}
+	if got := identity(t, a, b.ip); got != "b" {
+		t.Fatalf("a reached %q at %s, want b", got, b.ip)
+	}
+	settle()
+	for _, f := range capM.stop() {
+		if bytes.Contains(f, a.ip.AsSlice()) && bytes.Contains(f, b.ip.AsSlice()) {
+			t.Fatalf("the stranger got a's traffic:\n%s", dump(f))
+		}
+	}
+	// What C vouched for since (b at B, a droplet) replaced the entry.
+	if l, _ := A.dp.Learned(); len(l) != 1 || l[0].HostIP != tn.hosts["B"].ip {
+		t.Fatalf("A learned %+v, want b at B", l)
+	}
 }
