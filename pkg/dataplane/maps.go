@@ -540,14 +540,69 @@ func (d *Datapath) UpsertDroplet(h Hop) (err error) {
 
 // DeleteDroplet forgets a droplet; a missing one is not an error. Its relay
 // roles (SetRelays) stay until they are replaced, but are unused while the
-// droplet is unknown.
+// droplet is unknown. What was learned about it goes with it (ForgetHost).
 func (d *Datapath) DeleteDroplet(ip netip.Addr) (err error) {
 	defer d.invalidate(&err)
 	k, err := dropletKey(ip)
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
 	}
-	return deleteKey(d.objs.Droplets, &k, "droplet")
+	if err := deleteKey(d.objs.Droplets, &k, "droplet"); err != nil {
+		return err
+	}
+	return d.forgetHost(k.Ip)
+}
+
+// ForgetHost drops every path learned to host and every introduction made
+// to it, at once: the agent calls it when the API says that host no longer
+// holds what it may have been learned for (a droplet deleted; DeleteDroplet
+// does it). The programs look again from the next packet.
+func (d *Datapath) ForgetHost(host netip.Addr) (err error) {
+	defer d.invalidate(&err)
+	a, err := ipv4("learned host", host)
+	if err != nil {
+		return err
+	}
+	return d.forgetHost(a)
+}
+
+func (d *Datapath) forgetHost(host [4]byte) error {
+	var (
+		lk   mizarEndpointKey
+		lv   mizarLearnedEntry
+		ik   mizarIntroKey
+		iv   uint64
+		dead []mizarEndpointKey
+		gone []mizarIntroKey
+	)
+	// Collected first: deleting while iterating a hash map restarts or
+	// skips the walk.
+	it := d.objs.Learned.Iterate()
+	for it.Next(&lk, &lv) {
+		if lv.HostIp == host {
+			dead = append(dead, lk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list learned endpoints: %w", err)
+	}
+	it = d.objs.Introduced.Iterate()
+	for it.Next(&ik, &iv) {
+		if ik.HostIp == host {
+			gone = append(gone, ik)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list introductions: %w", err)
+	}
+	var errs []error
+	for i := range dead {
+		errs = append(errs, deleteKey(d.objs.Learned, &dead[i], "learned endpoint"))
+	}
+	for i := range gone {
+		errs = append(errs, deleteKey(d.objs.Introduced, &gone[i], "introduction"))
+	}
+	return errors.Join(errs...)
 }
 
 // Droplets lists the droplets map.

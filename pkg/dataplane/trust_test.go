@@ -346,3 +346,86 @@ func TestLearnedPathOnlyToDroplets(t *testing.T) {
 		t.Fatalf("A learned %+v, want b at B", l)
 	}
 }
+
+// injects sends, from host from's own address, Geneve carrying a packet from
+// src to pod to, and reports whether the pod got it.
+func injects(t *testing.T, from, at *testHost, src netip.Addr, srcMAC []byte, to *testPod, marker string) bool {
+	t.Helper()
+	capPod := to.ns.capture(t, "eth0")
+	from.ns.sendUDP(t, netip.AddrPortFrom(at.ip, 6081), 0, genevePayload(t, to.vni, srcMAC, to.mac, markedUDP(src, to.ip, marker)))
+	settle()
+	return carries(capPod.stop(), marker)
+}
+
+// Learned trust ends with the map write that says the endpoint moved or its
+// host went, not with the learned lifetime: A learned b at B (through relay
+// C), so B may send as b straight to a; once A's maps say b's address lives
+// on D, B's frames as b are refused at once; once B's maps lose droplet A,
+// everything B learned at A is gone and A's frames are refused.
+func TestLearnedTrustForgottenOnMove(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B", "C", "D"}, []podSpec{
+		{"a", "A", vpc1, "10.1.1.10/24"},
+		{"b", "B", vpc1, "10.1.1.20/24"},
+		{"b2", "D", vpc1, "10.1.1.20/24"}, // where b's address moves to
+	})
+	tn.wireMode(t)
+	tn.xdpTXToSwitch(t, "C") // the relay
+	A, B, C, D := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"], tn.hosts["D"]
+	for _, h := range tn.order {
+		tn.loadMizar(t, h)
+		must(t, h.dp.UpsertVPC(VPC{VNI: vpc1, Dividers: []Hop{C.hop()}}))
+		must(t, h.dp.UpsertSubnet(Subnet{VNI: vpc1, Prefix: netip.MustParsePrefix("10.1.1.0/24"), Bouncers: []Hop{C.hop()}}))
+	}
+	tn.setRelays(t, vpc1, C)
+	a, b, b2 := tn.pods["a"], tn.pods["b"], tn.pods["b2"]
+	tn.remoteEndpoint(t, C, a)
+	tn.remoteEndpoint(t, C, b)
+	if out, ok := a.pingArgs(t, b.ip, 10, "-i", "0.05"); !ok {
+		t.Fatalf("a -> b failed:\n%s", out)
+	}
+	if l, _ := A.dp.Learned(); len(l) != 1 || l[0].HostIP != B.ip {
+		t.Fatalf("A learned %+v, want b at B", l)
+	}
+	if l, _ := B.dp.Learned(); len(l) != 1 || l[0].HostIP != A.ip {
+		t.Fatalf("B learned %+v, want a at A", l)
+	}
+	if !injects(t, B, A, b.ip, b.mac, a, "mizar-move-control-"+tn.sfx) {
+		t.Fatal("control: B's direct frame as b did not reach a")
+	}
+
+	// The move, as an agent applies it to A's maps.
+	before := counters(t, A)
+	tn.remoteEndpoint(t, A, b2)
+	if injects(t, B, A, b.ip, b.mac, a, "mizar-move-after-"+tn.sfx) {
+		t.Fatal("B still injects as b into a after the move")
+	}
+	if n := counters(t, A).Underlay["drop_src_spoofed"] - before.Underlay["drop_src_spoofed"]; n != 1 {
+		t.Fatalf("A counted %d drop_src_spoofed after the move, want 1", n)
+	}
+	if !injects(t, D, A, b2.ip, b2.mac, a, "mizar-move-new-"+tn.sfx) {
+		t.Fatal("D, b's address's new host, cannot send as it")
+	}
+	// Deleted: nobody may.
+	must(t, A.dp.DeleteEndpoint(vpc1, b2.ip))
+	if injects(t, D, A, b2.ip, b2.mac, a, "mizar-move-deleted-"+tn.sfx) {
+		t.Fatal("D injects as a deleted endpoint")
+	}
+
+	// Droplet A deleted from B's maps: B's paths and trust learned at A go
+	// in the same call.
+	before = counters(t, B)
+	must(t, B.dp.DeleteDroplet(A.ip))
+	learned, err := B.dp.Learned()
+	must(t, err)
+	for _, l := range learned {
+		if l.HostIP == A.ip {
+			t.Fatalf("B still holds %+v after droplet A went", l)
+		}
+	}
+	if injects(t, A, B, a.ip, a.mac, b, "mizar-move-droplet-"+tn.sfx) {
+		t.Fatal("A, no droplet any more, still injects into b")
+	}
+	if n := counters(t, B).Underlay["drop_not_droplet"] - before.Underlay["drop_not_droplet"]; n != 1 {
+		t.Fatalf("B counted %d drop_not_droplet, want 1", n)
+	}
+}
