@@ -113,8 +113,24 @@ int mizar_underlay(struct xdp_md *ctx)
 	/* Caches below are valid while the agent changes nothing. */
 	__u64 gen = current_generation();
 
-	if (!known_droplet(iph->saddr, gen))
+	const struct droplet *src_droplet = droplet_lookup(iph->saddr, gen);
+
+	if (!src_droplet)
 		return ul_drop(UL_DROP_NOT_DROPLET);
+	/* Where the agent knows the droplet's MAC (one L2 segment), the
+	 * address alone does not make the sender. Only another droplet of the
+	 * segment may differ: one re-bouncing under the sender's address, to
+	 * a relay (checked below, once the VNI is known). */
+	int rebounced = 0;
+
+	if (!mac_is_zero(src_droplet->mac) && !mac_eq(eth->h_source, src_droplet->mac)) {
+		struct mac_key mk __attribute__((aligned(4))) = {};
+
+		copy_mac(mk.mac, eth->h_source);
+		if (!bpf_map_lookup_elem(&droplet_macs, &mk))
+			return ul_drop(UL_DROP_MAC_SPOOF);
+		rebounced = 1;
+	}
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
 	if ((void *)(gnv + 1) > data_end)
@@ -158,6 +174,9 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 pick = bpf_ntohs(udp->source) & SPORT_MASK;
 	__u32 self = self_ip();
 	__u32 vni = vni_of(gnv);
+
+	if (rebounced && !is_relay(vni, self))
+		return ul_drop(UL_DROP_MAC_SPOOF);
 	int from_relay = 0, self_relay = 0;
 	struct route r;
 	/* The flow's earlier decision, if the agent changed nothing since. */

@@ -48,6 +48,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } droplets SEC(".maps");
 
+/* MAC -> droplet address, for the droplets whose MAC the agent gave (the
+ * ones on this host's L2 segment). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct mac_key);
+	__type(value, struct droplet_key);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} droplet_macs SEC(".maps");
+
 /* This node's own addresses: pod traffic to them goes to the host stack
  * (kubelet probes, node-local daemons), not into the overlay. */
 struct {

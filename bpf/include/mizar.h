@@ -98,6 +98,14 @@ struct droplet {
 	__u8 pad[2];
 } __attribute__((aligned(4)));
 
+/* droplet_macs: the underlay MACs of the droplets on this host's L2 segment
+ * -> the droplet's address. A frame from such a droplet's address must
+ * carry its MAC; one re-bounced by another droplet carries that droplet's. */
+struct mac_key {
+	__u8 mac[6];
+	__u8 pad[2];
+} __attribute__((aligned(4)));
+
 /* relays: (vni, droplet ip) present = that droplet is a bouncer or divider of
  * the VPC, so it may forward packets of any endpoint of the VPC. Any other
  * droplet speaks only for the endpoints it hosts. Keyed like endpoints. */
@@ -171,6 +179,7 @@ enum underlay_counter {
 	UL_REBOUNCE,            /* not a relay: sent on to a relay, outer source kept */
 	UL_DROP_SELF_SOURCE,    /* outer source is this host's own address */
 	UL_LEARN_REFUSED,       /* option named no droplet, this host, or not the endpoint's API host: not learned */
+	UL_DROP_MAC_SPOOF,      /* outer source is a droplet of this L2 segment, the source MAC is no droplet's */
 	UL_MAX,
 };
 

@@ -526,16 +526,40 @@ func (d *Datapath) UpsertDroplet(h Hop) (err error) {
 		a.As4()[0] == 0 || a.As4()[0] >= 224 {
 		return fmt.Errorf("droplet %s: not a unicast address", h.IP)
 	}
-	var v mizarDroplet
+	var v, old mizarDroplet
 	if h.MAC != nil {
 		if v.Mac, err = mac("droplet MAC", h.MAC); err != nil {
 			return fmt.Errorf("droplet %s: %w", h.IP, err)
 		}
 	}
+	hadOld := d.objs.Droplets.Lookup(&k, &old) == nil
+	if v.Mac != [6]byte{} {
+		// The MAC first: a frame from the droplet's address must carry it
+		// from the moment the droplet carries it.
+		if err := d.objs.DropletMacs.Put(&mizarMacKey{Mac: v.Mac}, &k); err != nil {
+			return fmt.Errorf("put droplet %s MAC: %w", h.IP, err)
+		}
+	}
 	if err := d.objs.Droplets.Put(&k, &v); err != nil {
 		return fmt.Errorf("put droplet %s: %w", h.IP, err)
 	}
+	if hadOld && old.Mac != v.Mac {
+		return d.forgetMAC(old.Mac, k)
+	}
 	return nil
+}
+
+// forgetMAC drops mac from droplet_macs if it still names droplet k.
+func (d *Datapath) forgetMAC(m [6]byte, k mizarDropletKey) error {
+	if m == [6]byte{} {
+		return nil
+	}
+	var owner mizarDropletKey
+	mk := mizarMacKey{Mac: m}
+	if err := d.objs.DropletMacs.Lookup(&mk, &owner); err != nil || owner != k {
+		return nil // another droplet's now, or gone
+	}
+	return deleteKey(d.objs.DropletMacs, &mk, "droplet MAC")
 }
 
 // DeleteDroplet forgets a droplet; a missing one is not an error. Its relay
@@ -547,8 +571,15 @@ func (d *Datapath) DeleteDroplet(ip netip.Addr) (err error) {
 	if err != nil {
 		return fmt.Errorf("droplet: %w", err)
 	}
+	var old mizarDroplet
+	hadOld := d.objs.Droplets.Lookup(&k, &old) == nil
 	if err := deleteKey(d.objs.Droplets, &k, "droplet"); err != nil {
 		return err
+	}
+	if hadOld {
+		if err := d.forgetMAC(old.Mac, k); err != nil {
+			return err
+		}
 	}
 	return d.forgetHost(k.Ip)
 }

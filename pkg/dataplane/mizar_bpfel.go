@@ -78,6 +78,12 @@ type mizarLearnedEntry struct {
 	Expires uint64
 }
 
+type mizarMacKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad [2]uint8
+}
+
 type mizarPodCounter uint32
 
 const (
@@ -221,7 +227,8 @@ const (
 	mizarUnderlayCounterUL_REBOUNCE            mizarUnderlayCounter = 25
 	mizarUnderlayCounterUL_DROP_SELF_SOURCE    mizarUnderlayCounter = 26
 	mizarUnderlayCounterUL_LEARN_REFUSED       mizarUnderlayCounter = 27
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 28
+	mizarUnderlayCounterUL_DROP_MAC_SPOOF      mizarUnderlayCounter = 28
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 29
 )
 
 type mizarVpc struct {
@@ -234,6 +241,7 @@ type mizarVpc struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	mizarMapDropletMacs    = "droplet_macs"
 	mizarMapDroplets       = "droplets"
 	mizarMapDropletsSeen   = "droplets_seen"
 	mizarMapEndpoints      = "endpoints"
@@ -305,6 +313,7 @@ type mizarProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
+	DropletMacs   *ebpf.MapSpec `ebpf:"droplet_macs"`
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	DropletsSeen  *ebpf.MapSpec `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
@@ -350,6 +359,7 @@ func (o *mizarObjects) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
+	DropletMacs   *ebpf.Map `ebpf:"droplet_macs"`
 	Droplets      *ebpf.Map `ebpf:"droplets"`
 	DropletsSeen  *ebpf.Map `ebpf:"droplets_seen"`
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
@@ -370,6 +380,7 @@ type mizarMaps struct {
 
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
+		m.DropletMacs,
 		m.Droplets,
 		m.DropletsSeen,
 		m.Endpoints,

@@ -429,3 +429,37 @@ func TestLearnedTrustForgottenOnMove(t *testing.T) {
 		t.Fatalf("B counted %d drop_not_droplet, want 1", n)
 	}
 }
+
+// A stranger on the segment that writes a relay's or a droplet's outer
+// address, with its own MAC, injects nothing: each host knows the MACs of
+// the droplets on its segment. (Re-bounce, where a droplet sends on under
+// the sender's address with its own MAC, is TestLearnedPathStaleHost.)
+func TestSpoofedDropletAddressRefused(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b, x, y := tn.pods["a"], tn.pods["b"], tn.pods["x"], tn.pods["y"]
+	A, B, C := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"]
+	M := addStranger(t, tn, "M", A)
+	cases := []struct {
+		name string
+		as   *testHost
+		vni  uint32
+		src  netip.Addr
+		pod  *testPod
+	}{
+		{"relay C's address, into a as its neighbour b", C, vpc1, b.ip, a},
+		{"relay C's address, into a as no endpoint", C, vpc1, addr("10.1.1.77"), a},
+		{"relay C's address, into VPC 200's x as y", C, vpc2, y.ip, x},
+		{"droplet B's address, into a as b", B, vpc1, b.ip, a},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			marker := fmt.Sprintf("mizar-macspoof-%d-%s", i, tn.sfx)
+			f := spoofed(t, M, c.as.ip, M.mac, A, c.vni, nil, markedUDP(c.src, c.pod.ip, marker), c.pod)
+			expectRefused(t, M, A, c.pod, "drop_mac_spoof", marker, f)
+		})
+	}
+	// The control: the same frame from C itself is delivered.
+	if !injects(t, C, A, b.ip, b.mac, a, "mizar-macspoof-control-"+tn.sfx) {
+		t.Fatal("control: relay C's own frame as b did not reach a")
+	}
+}
