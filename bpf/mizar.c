@@ -70,6 +70,40 @@ static __always_inline int ul_drop(enum underlay_counter c)
 	return XDP_DROP;
 }
 
+/* Is this frame, tagged once or twice (802.1Q, 802.1ad), Geneve to this
+ * host? Mizar's underlay is untagged: a tag means another segment's frame
+ * leaked in (or someone hopping VLANs). The program sees tags only where
+ * the NIC leaves them in the frame (the agent turns VLAN stripping off: see
+ * DisableVLANOffload); a tag already in metadata is out of XDP's sight. */
+static __always_inline int tagged_geneve_for_us(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	__be16 proto = eth->h_proto;
+	void *p = eth + 1;
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		if (p + 4 > data_end)
+			return 0;
+		proto = *(__be16 *)(p + 2);
+		p += 4;
+	}
+	if (proto != bpf_htons(ETH_P_IP))
+		return 0;
+
+	struct iphdr *iph = p;
+
+	if ((void *)(iph + 1) > data_end || iph->daddr != self_ip() || iph->protocol != IPPROTO_UDP ||
+	    iph->ihl < 5)
+		return 0;
+
+	struct udphdr *udp = (void *)iph + iph->ihl * 4;
+
+	return (void *)(udp + 1) <= data_end && udp->dest == bpf_htons(GENEVE_PORT);
+}
+
 SEC("xdp")
 int mizar_underlay(struct xdp_md *ctx)
 {
@@ -82,8 +116,13 @@ int mizar_underlay(struct xdp_md *ctx)
 
 	/* Anything that is not UDP to our Geneve port on our address is the
 	 * kernel's business, malformed or not: pass it untouched. */
-	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(eth + 1) > data_end)
 		goto pass;
+	if (eth->h_proto != bpf_htons(ETH_P_IP)) {
+		if (tagged_geneve_for_us(data, data_end))
+			return ul_drop(UL_DROP_VLAN);
+		goto pass;
+	}
 	iph = (void *)(eth + 1);
 	if ((void *)(iph + 1) > data_end || iph->version != 4 || iph->ihl < 5)
 		goto pass;

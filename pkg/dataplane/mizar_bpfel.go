@@ -228,7 +228,8 @@ const (
 	mizarUnderlayCounterUL_DROP_SELF_SOURCE    mizarUnderlayCounter = 26
 	mizarUnderlayCounterUL_LEARN_REFUSED       mizarUnderlayCounter = 27
 	mizarUnderlayCounterUL_DROP_MAC_SPOOF      mizarUnderlayCounter = 28
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 29
+	mizarUnderlayCounterUL_DROP_VLAN           mizarUnderlayCounter = 29
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 30
 )
 
 type mizarVpc struct {

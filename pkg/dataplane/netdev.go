@@ -46,6 +46,37 @@ func EnableGROInNetns(nsPath, ifname string) error {
 	return nil
 }
 
+// vlanStripping are the ethtool features that move a received frame's VLAN
+// tags into metadata (`ethtool -K dev rxvlan off` and its 802.1ad twin).
+var vlanStripping = []string{"rx-vlan-hw-parse", "rx-vlan-stag-hw-parse"}
+
+// DisableVLANStripping turns off the NIC's VLAN tag stripping on ifname
+// (calling thread's netns), where the driver lets it: the underlay program
+// drops Geneve that arrives tagged, and can only see a tag that stays in the
+// frame. An error names the features the driver keeps on. (On a veth the
+// tag a peer hands over in metadata stays there whatever this says.)
+func DisableVLANStripping(ifname string) error {
+	e, err := ethtool.NewEthtool()
+	if err != nil {
+		return fmt.Errorf("ethtool socket: %w", err)
+	}
+	defer e.Close()
+	have, err := e.Features(ifname)
+	if err != nil {
+		return fmt.Errorf("ethtool %s: read features: %w", ifname, err)
+	}
+	off := map[string]bool{}
+	for _, f := range vlanStripping {
+		if have[f] {
+			off[f] = false
+		}
+	}
+	if len(off) == 0 {
+		return nil
+	}
+	return SetFeatures(ifname, off)
+}
+
 // SetFeatures sets ethtool features (names as `ethtool -k` prints them, e.g.
 // "rx-gro", "tx-tcp-segmentation", "tx-generic-segmentation",
 // "tx-checksum-ip-generic") on ifname in the calling thread's netns, and

@@ -463,3 +463,39 @@ func TestSpoofedDropletAddressRefused(t *testing.T) {
 		t.Fatal("control: relay C's own frame as b did not reach a")
 	}
 }
+
+// tagged inserts 802.1Q (and, for QinQ, an 802.1ad outer) tags after the
+// MACs of an Ethernet frame.
+func tagged(frame []byte, qinq bool) []byte {
+	out := append([]byte{}, frame[:12]...)
+	if qinq {
+		out = append(out, 0x88, 0xa8, 0x00, 0x09)
+	}
+	out = append(out, 0x81, 0x00, 0x00, 0x07)
+	return append(out, frame[12:]...)
+}
+
+// Mizar's underlay is untagged: Geneve to a host in a tagged frame is
+// dropped and counted. The switch port carries the tag in the frame (as a
+// wire does: its tx VLAN offload off) and A's agent has turned A's VLAN
+// stripping off (DisableVLANStripping), so the program sees the tag; the
+// same frame untagged is delivered.
+func TestTaggedGeneveDropped(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b := tn.pods["a"], tn.pods["b"]
+	A, C := tn.hosts["A"], tn.hosts["C"]
+	M := addStranger(t, tn, "M", A)
+	A.sw.do(t, func() error {
+		return SetFeatures("pA", map[string]bool{"tx-vlan-hw-insert": false, "tx-vlan-stag-hw-insert": false})
+	})
+	A.ns.do(t, func() error { return DisableVLANStripping("ul0") })
+	for i, qinq := range []bool{false, true} {
+		marker := fmt.Sprintf("mizar-vlan-%d-%s", i, tn.sfx)
+		// C's address and MAC, as a relay that got itself onto a VLAN.
+		f := spoofed(t, M, C.ip, C.mac, A, vpc1, nil, markedUDP(b.ip, a.ip, marker), a)
+		expectRefused(t, M, A, a, "drop_vlan", marker, tagged(f, qinq))
+	}
+	if !injects(t, C, A, b.ip, b.mac, a, "mizar-vlan-control-"+tn.sfx) {
+		t.Fatal("control: C's untagged frame did not reach a")
+	}
+}

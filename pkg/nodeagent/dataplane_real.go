@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/dataplane"
@@ -130,6 +131,10 @@ func (d *Datapath) Attach(ctx context.Context) error {
 	}
 	if err := d.syncTopology(); err != nil {
 		return err
+	}
+	// Tagged Geneve is dropped, but only a tag left in the frame is seen.
+	if err := d.pods.inHost(func() error { return dataplane.DisableVLANStripping(d.underlay) }); err != nil {
+		klog.ErrorS(err, "VLAN tags stay hidden from the underlay program", "interface", d.underlay)
 	}
 	if err := d.pods.inHost(func() error { return d.dp.AttachUnderlay(d.underlay) }); err != nil {
 		return fmt.Errorf("attach the underlay program to %s: %w", d.underlay, err)
