@@ -673,6 +673,56 @@ static __always_inline void learned_hop(struct hop *h, __u32 peer, __u64 gen)
 		__builtin_memset(h->mac, 0, ETH_ALEN);
 }
 
+/* Frames a pod sends to a broadcast or multicast destination (Ethernet or
+ * IPv4, the subnet's broadcast address included) reach no pod: mizar has no
+ * broadcast domain, and a relay drops them after they crossed the underlay.
+ * A pod may send flood_rate of them a second (bursts of as many), the
+ * rest are dropped here and counted, so a storm stays on its host. 0 = no
+ * limit. Set by the Go loader, like host. */
+volatile const __u32 flood_rate = 0;
+
+/* GCRA per pod interface: the theoretical arrival time of its next frame. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u64);
+} pod_flood SEC(".maps");
+
+static __always_inline int flood_dst(const struct ethhdr *eth, const struct pod_iface *cfg, __u32 daddr)
+{
+	__u32 h = bpf_ntohl(daddr);
+
+	return (eth->h_dest[0] & 1) || (h >> 28) == 0xe || h == 0xffffffff ||
+	       daddr == (load_u32(cfg->subnet) | ~prefix_mask(cfg->subnet_len));
+}
+
+/* May pod ifindex send one more flood frame now? Unlocked: racing CPUs
+ * may let a frame or two more through, never fewer. */
+static __always_inline int flood_ok(__u32 ifindex)
+{
+	__u32 rate = *(const volatile __u32 *)&flood_rate;
+
+	if (!rate)
+		return 1;
+	__u64 interval = 1000000000ULL / rate, now = bpf_ktime_get_ns();
+	__u64 *tat = bpf_map_lookup_elem(&pod_flood, &ifindex);
+
+	if (!tat) {
+		__u64 next = now + interval;
+
+		bpf_map_update_elem(&pod_flood, &ifindex, &next, BPF_ANY);
+		return 1;
+	}
+	__u64 t = *tat > now ? *tat : now;
+
+	/* A second's worth of frames may be ahead of the clock: the burst. */
+	if (t - now >= 1000000000ULL)
+		return 0;
+	*tat = t + interval;
+	return 1;
+}
+
 SEC("tc")
 int mizar_pod(struct __sk_buff *skb)
 {
@@ -745,6 +795,9 @@ int mizar_pod(struct __sk_buff *skb)
 	eth = data;
 
 	__u32 daddr = iph->daddr;
+
+	if (flood_dst(eth, cfg, daddr) && !flood_ok(skb->ifindex))
+		return pod_drop(POD_DROP_FLOOD);
 	__u32 hash = flow_hash(iph->saddr, daddr, ports, proto);
 	__u16 sport = flow_sport(hash);
 	struct route r;

@@ -208,5 +208,6 @@ enum pod_counter {
 	POD_ENCAP_LEARNED,      /* encapsulated straight to a learned host */
 	POD_INTRODUCE,          /* sent with the option that introduces the pod: bounced toward a learned host, or straight from a relay's node */
 	POD_TO_HOST,            /* to an address of this node: passed to the host stack */
+	POD_DROP_FLOOD,         /* broadcast/multicast destination over the pod's rate (flood_rate) */
 	POD_MAX,
 };

@@ -98,6 +98,12 @@ type Options struct {
 	// learning off: traffic the agent names no host for always goes
 	// through a relay.
 	LearnLifetime time.Duration
+	// PodFloodRate is how many frames a second each pod may send to
+	// broadcast or multicast destinations (Ethernet or IPv4, its subnet's
+	// broadcast address included), in bursts of as many; mizar delivers
+	// none of them, so the rest are dropped on the pod's host and counted
+	// (drop_flood). 0 means DefaultPodFloodRate; negative means no limit.
+	PodFloodRate int
 	// UnderlayMTU is the underlay MTU the pods were sized from (PodMTU), if
 	// known: packets that fit it need no bpf_check_mtu call. 0 means ask the
 	// kernel for every packet that is not GSO.
@@ -108,6 +114,10 @@ type Options struct {
 // their paths every half lifetime; an endpoint that moved without the agent
 // telling this host (ForgetLearned) is re-bounced until its entry expires.
 const DefaultLearnLifetime = 30 * time.Second
+
+// DefaultPodFloodRate is Options.PodFloodRate's default: enough for the
+// ARP-less chatter of a booting pod (mDNS, SSDP, DHCP), not for a storm.
+const DefaultPodFloodRate = 100
 
 // Datapath is a loaded set of mizar programs and its pinned maps.
 type Datapath struct {
@@ -161,6 +171,16 @@ func Load(opts Options) (*Datapath, error) {
 	copy(host.Mac[:], opts.HostMAC)
 	if err := spec.Variables[mizarVarHost].Set(host); err != nil {
 		return nil, fmt.Errorf("set host constants: %w", err)
+	}
+	flood := uint32(DefaultPodFloodRate)
+	switch {
+	case opts.PodFloodRate > 0:
+		flood = uint32(min(opts.PodFloodRate, 1_000_000_000))
+	case opts.PodFloodRate < 0:
+		flood = 0
+	}
+	if err := spec.Variables[mizarVarFloodRate].Set(flood); err != nil {
+		return nil, fmt.Errorf("set the pod flood rate: %w", err)
 	}
 
 	d := &Datapath{opts: opts}

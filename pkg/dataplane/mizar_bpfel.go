@@ -109,7 +109,8 @@ const (
 	mizarPodCounterPOD_ENCAP_LEARNED      mizarPodCounter = 19
 	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
 	mizarPodCounterPOD_TO_HOST            mizarPodCounter = 21
-	mizarPodCounterPOD_MAX                mizarPodCounter = 22
+	mizarPodCounterPOD_DROP_FLOOD         mizarPodCounter = 22
+	mizarPodCounterPOD_MAX                mizarPodCounter = 23
 )
 
 type mizarPodIface struct {
@@ -250,6 +251,7 @@ const (
 	mizarMapHostAddrs      = "host_addrs"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
+	mizarMapPodFlood       = "pod_flood"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
 	mizarMapPodsSeen       = "pods_seen"
@@ -261,6 +263,7 @@ const (
 	mizarMapVpcs           = "vpcs"
 	mizarProgMizarPod      = "mizar_pod"
 	mizarProgMizarUnderlay = "mizar_underlay"
+	mizarVarFloodRate      = "flood_rate"
 	mizarVarHost           = "host"
 )
 
@@ -322,6 +325,7 @@ type mizarMapSpecs struct {
 	HostAddrs     *ebpf.MapSpec `ebpf:"host_addrs"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
+	PodFlood      *ebpf.MapSpec `ebpf:"pod_flood"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
 	PodsSeen      *ebpf.MapSpec `ebpf:"pods_seen"`
@@ -337,7 +341,8 @@ type mizarMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarVariableSpecs struct {
-	Host *ebpf.VariableSpec `ebpf:"host"`
+	FloodRate *ebpf.VariableSpec `ebpf:"flood_rate"`
+	Host      *ebpf.VariableSpec `ebpf:"host"`
 }
 
 // mizarObjects contains all objects after they have been loaded into the kernel.
@@ -368,6 +373,7 @@ type mizarMaps struct {
 	HostAddrs     *ebpf.Map `ebpf:"host_addrs"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
+	PodFlood      *ebpf.Map `ebpf:"pod_flood"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
 	PodsSeen      *ebpf.Map `ebpf:"pods_seen"`
@@ -389,6 +395,7 @@ func (m *mizarMaps) Close() error {
 		m.HostAddrs,
 		m.Introduced,
 		m.Learned,
+		m.PodFlood,
 		m.PodIfaces,
 		m.PodStats,
 		m.PodsSeen,
@@ -405,7 +412,8 @@ func (m *mizarMaps) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarVariables struct {
-	Host *ebpf.Variable `ebpf:"host"`
+	FloodRate *ebpf.Variable `ebpf:"flood_rate"`
+	Host      *ebpf.Variable `ebpf:"host"`
 }
 
 // mizarPrograms contains all programs after they have been loaded into the kernel.

@@ -499,3 +499,51 @@ func TestTaggedGeneveDropped(t *testing.T) {
 		t.Fatal("control: C's untagged frame did not reach a")
 	}
 }
+
+// A pod's broadcast storm stays on its host: pod a sends 400 frames to
+// broadcast and multicast destinations in a burst; at most a second's worth
+// (DefaultPodFloodRate, plus what the clock added meanwhile) become Geneve
+// on the underlay, the rest are dropped and counted. Unicast to b is not
+// limited at all.
+func TestPodFloodLimited(t *testing.T) {
+	tn := buildThreeHosts(t)
+	a, b := tn.pods["a"], tn.pods["b"]
+	A := tn.hosts["A"]
+	bcast := mustMAC("ff:ff:ff:ff:ff:ff")
+	var frames [][]byte
+	for i, dst := range []string{"10.1.1.255", "255.255.255.255", "224.0.0.251", "239.1.2.3"} {
+		for j := range 100 {
+			p := markedUDP(a.ip, addr(dst), fmt.Sprintf("mizar-flood-%d-%d-%s", i, j, tn.sfx))
+			p.srcMAC, p.dstMAC = a.mac, bcast
+			if i >= 2 {
+				p.dstMAC = mustMAC("01:00:5e:00:00:fb")
+			}
+			frames = append(frames, p.frame(t))
+		}
+	}
+	capUL := tn.sw.capture(t, "pA")
+	before := counters(t, A)
+	start := time.Now()
+	a.ns.sendRaw(t, "eth0", frames...)
+	took := time.Since(start)
+	settle()
+	onWire := 0
+	for _, f := range capUL.stop() {
+		if bytes.Contains(f, []byte("mizar-flood-")) {
+			onWire++
+		}
+	}
+	after := counters(t, A)
+	dropped := after.Pod["drop_flood"] - before.Pod["drop_flood"]
+	allowed := DefaultPodFloodRate + int(took.Seconds()*DefaultPodFloodRate) + 2 // + racing CPUs
+	if onWire > allowed || onWire < DefaultPodFloodRate/2 {
+		t.Fatalf("%d of 400 flood frames left A (sent in %v), want about %d", onWire, took, DefaultPodFloodRate)
+	}
+	if int(dropped)+onWire != len(frames) {
+		t.Fatalf("A counted %d drop_flood and %d frames left, of %d sent", dropped, onWire, len(frames))
+	}
+	// Unicast right after the storm is not limited.
+	if out, ok := a.pingArgs(t, b.ip, 50, "-i", "0.01"); !ok || !strings.Contains(out, " 0% packet loss") {
+		t.Fatalf("a -> b after the storm:\n%s", out)
+	}
+}
