@@ -28,12 +28,12 @@ func TestNamespaceDeletion(t *testing.T) {
 	k.okIn(fmt.Sprintf(`apiVersion: networking.mizar.dev/v1alpha1
 kind: Vpc
 metadata: {name: %s}
-spec: {cidr: %d.%d.0.0/16}
+spec: {cidr: 10.%d.%d.0/24}
 ---
 apiVersion: networking.mizar.dev/v1alpha1
 kind: Subnet
 metadata: {name: %s}
-spec: {vpc: %s, cidr: %d.%d.1.0/24}
+spec: {vpc: %s, cidr: 10.%d.%d.0/25}
 `, vpc, a, b, subnet, vpc, a, b), "create", "-f", "-")
 
 	withEndpoints, empty := "nsdel-mep-"+s, "nsdel-empty-"+s
