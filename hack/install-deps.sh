@@ -8,6 +8,7 @@ packages=(
   iproute2 ethtool iperf3 tcpdump tshark bpftool  # dataplane tests and benchmarks
   iputils-ping                  # ping between pods in the dataplane netns test
   jq                            # make up reads cnitool's results
+  protobuf-compiler             # protoc for go-to-protobuf in hack/update-codegen.sh (make codegen/verify)
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
 )
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -282,6 +283,10 @@ func (o *Options) Run(ctx context.Context) error {
 		// client's certificate is not verified again on each of its requests.
 		cfg.Authentication.Authenticator = certauth.New(certauth.NewCache(certauth.DefaultSize), clientCA, cfg.Authentication.RequestHeaderConfig, a)
 	}
+	gate, err := o.gateAuthentication(cfg, clientCA)
+	if err != nil {
+		return err
+	}
 	// Creates with claims write them in the object's transaction, through a
 	// client of their own as each of the apiserver's stores has one.
 	writes, err := etcd.NewClient(o.Recommended.Etcd.StorageConfig.Transport)
@@ -312,6 +317,16 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	// The operators use the etcd client closed by the cleanups: wait for them first.
 	defer server.WaitOperators()
+	if gate != nil {
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-authentication-loaded", func(hc genericapiserver.PostStartHookContext) error {
+			go func() {
+				if err := gate.run(hc.Context); err != nil {
+					klog.ErrorS(err, "API requests stay held back")
+				}
+			}()
+			return nil
+		})
+	}
 	if o.Broker.Fulfillment {
 		// It uses the etcd client closed by the cleanups: wait for it first.
 		defer o.Broker.WaitFulfillment()
@@ -472,17 +487,7 @@ func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
 	if a.SkipInClusterLookup {
 		return nil
 	}
-	var cfg *rest.Config
-	var err error
-	if a.RemoteKubeConfigFile != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", a.RemoteKubeConfigFile)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil
-	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := o.authenticationClient()
 	if err != nil {
 		return nil
 	}
@@ -492,4 +497,42 @@ func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
 		return nil
 	}
 	return p
+}
+
+// authenticationClient is the client delegated authentication reads
+// kube-system/extension-apiserver-authentication with.
+func (o *Options) authenticationClient() (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if f := o.Recommended.Authentication.RemoteKubeConfigFile; f != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", f)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// gateAuthentication holds API requests and /readyz back until delegated
+// authentication has loaded what kube-apiserver publishes (authGate). Nothing
+// to wait for in standalone mode or when the in-cluster lookup is off: files
+// are loaded before serving starts.
+func (o *Options) gateAuthentication(cfg *genericapiserver.RecommendedConfig, clientCA dynamiccertificates.CAContentProvider) (*authGate, error) {
+	a := o.Recommended.Authentication
+	if a == nil || a.SkipInClusterLookup || cfg.Authentication.Authenticator == nil {
+		return nil, nil
+	}
+	client, err := o.authenticationClient()
+	if err != nil {
+		return nil, fmt.Errorf("delegated authentication client: %w", err)
+	}
+	g := newAuthGate(client, clientCA, cfg.Authentication.RequestHeaderConfig, cfg.Authentication.Authenticator)
+	chain := cfg.BuildHandlerChainFunc
+	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
+		return g.wrap(chain(h, c))
+	}
+	cfg.AddReadyzChecks(g)
+	return g, nil
 }

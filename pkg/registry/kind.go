@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"mizar.dev/pkg/apis/conditions"
 )
 
 // Kind describes one resource. T is the internal object type (a pointer), S its
@@ -33,6 +35,11 @@ type Kind[T runtime.Object, S, St any] struct {
 	// InitStatus sets the status every new object starts with (phase Init) on the
 	// otherwise zeroed status.
 	InitStatus func(T)
+	// Readiness, when set, names the object's conditions, phase and whether that
+	// phase is Provisioned: the server keeps the Ready condition in step with the
+	// phase in the very write that sets the phase (conditions.SetReady), so each
+	// phase transition's one writer (DESIGN.md) writes Ready too, atomically.
+	Readiness func(T) (conds *[]metav1.Condition, phase string, provisioned bool)
 
 	Validate       func(obj T) field.ErrorList
 	ValidateUpdate func(obj, old T) field.ErrorList
@@ -74,6 +81,15 @@ func (k *Kind[T, S, St]) resetStatus(obj T) {
 	if k.InitStatus != nil {
 		k.InitStatus(obj)
 	}
+}
+
+// setReady derives the Ready condition from the phase the object carries.
+func (k *Kind[T, S, St]) setReady(obj T, generation int64) {
+	if k.Readiness == nil {
+		return
+	}
+	conds, phase, provisioned := k.Readiness(obj)
+	conditions.SetReady(conds, generation, phase, provisioned)
 }
 
 func must[T any](obj runtime.Object) T {

@@ -41,6 +41,7 @@ func (s *strategy[T, S, St]) PrepareForCreate(_ context.Context, obj runtime.Obj
 	t := must[T](obj)
 	s.kind.resetStatus(t)
 	objectMeta(obj).SetGeneration(1)
+	s.kind.setReady(t, 1)
 }
 
 func (s *strategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old runtime.Object) {
@@ -92,6 +93,7 @@ func (s *statusStrategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old 
 	m.SetLabels(om.GetLabels())
 	m.SetAnnotations(om.GetAnnotations())
 	m.SetGeneration(om.GetGeneration())
+	s.kind.setReady(t, om.GetGeneration())
 }
 
 func (s *statusStrategy[T, S, St]) ValidateUpdate(_ context.Context, obj, old runtime.Object) field.ErrorList {

@@ -309,8 +309,8 @@ func testCoreEndpoints(t *testing.T, bin string) {
 func testRBAC(t *testing.T, bin string) {
 	k := newKC(t, bin, cl.AdminKubeconfig)
 	s := suffix()
-	nobody, viewer, editor := "nobody-"+s, "viewer-"+s, "editor-"+s
-	for user, role := range map[string]string{viewer: "mizar-view", editor: "mizar-edit"} {
+	nobody, viewer, editor, netAdmin := "nobody-"+s, "viewer-"+s, "editor-"+s, "netadmin-"+s
+	for user, role := range map[string]string{viewer: "mizar-view", editor: "mizar-edit", netAdmin: "mizar-network-admin"} {
 		k.ok("create", "clusterrolebinding", user, "--clusterrole="+role, "--user="+user)
 		t.Cleanup(func() { k.run("", "delete", "clusterrolebinding", user) })
 	}
@@ -325,6 +325,18 @@ func testRBAC(t *testing.T, bin string) {
 	if r.err == nil || !strings.Contains(r.stderr, "(Forbidden)") {
 		t.Fatalf("mizar-view created a droplet: %s", r)
 	}
-	k.okIn(uniqueDroplet(name), "create", "-f", "-", "--as="+editor)
-	k.ok("delete", "droplet", name, "--as="+editor)
+	// Placement kinds belong to the node agents and operators, not to editors or
+	// network administrators (TestEditorsHaveNoNetworkPowers covers the rest).
+	for _, user := range []string{editor, netAdmin} {
+		r := k.run(uniqueDroplet(name), "create", "-f", "-", "--as="+user)
+		if r.err == nil || !strings.Contains(r.stderr, "(Forbidden)") {
+			t.Fatalf("%s created a droplet: %s", user, r)
+		}
+	}
+	vpc := "rbac-" + suffix()
+	t.Cleanup(func() { k.run("", "delete", "vpc", vpc, "--ignore-not-found", "--wait=false") })
+	k.okIn(fmt.Sprintf("apiVersion: networking.mizar.dev/v1alpha1\nkind: Vpc\nmetadata: {name: %s}\nspec: {cidr: 10.%d.0.0/16}\n", vpc, rand.IntN(200)+20),
+		"create", "-f", "-", "--as="+netAdmin)
+	k.forbidden("patch", "vpc", vpc, "--subresource=status", "--type=merge", "-p", `{"status":{"phase":"Provisioned"}}`, "--as="+netAdmin)
+	k.ok("delete", "vpc", vpc, "--as="+netAdmin, "--wait=false")
 }

@@ -408,6 +408,10 @@ func (c *Cluster) StartMizar(ctx context.Context) error {
 	return c.waitReady(ctx, "mizar-apiserver", c.MizarURL, p("mizar-ca.crt"))
 }
 
+// PKIFile is the path of one of the cluster's certificates or keys (e.g.
+// "admin.crt", "front-proxy-client.key", "mizar-ca.crt").
+func (c *Cluster) PKIFile(name string) string { return c.path("pki", name) }
+
 // StopMizar stops mizar-apiserver (SIGTERM, then SIGKILL after a while).
 func (c *Cluster) StopMizar() error {
 	if c.mizar == nil {
@@ -428,8 +432,8 @@ func (c *Cluster) MizarOutput() string {
 }
 
 // aggregationManifest is the Service, its EndpointSlice (the address in the
-// namespace; a Deployment's pods would fill it in a cluster) and the APIService
-// with mizar's serving CA as caBundle.
+// namespace; a Deployment's pods would fill it in a cluster) and the APIServices
+// of both groups with mizar's serving CA as caBundle.
 func (c *Cluster) aggregationManifest() string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Service
@@ -457,6 +461,17 @@ spec:
   versionPriority: 15
   service: {name: %[1]s, namespace: %[2]s, port: 443}
   caBundle: %[5]s
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1alpha1.broker.mizar.dev}
+spec:
+  group: broker.mizar.dev
+  version: v1alpha1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  service: {name: %[1]s, namespace: %[2]s, port: 443}
+  caBundle: %[5]s
 `, Service, Namespace, mizarPort, c.nsIP, base64.StdEncoding.EncodeToString(c.MizarCA))
 }
 
@@ -466,7 +481,7 @@ func (c *Cluster) WaitAPIService(ctx context.Context, want bool) error {
 	if !want {
 		cond = "condition=Available=False"
 	}
-	_, err := c.Kubectl(ctx, "wait", "--for="+cond, "--timeout=90s", "apiservice/v1alpha1.networking.mizar.dev")
+	_, err := c.Kubectl(ctx, "wait", "--for="+cond, "--timeout=90s", "apiservice/v1alpha1.networking.mizar.dev", "apiservice/v1alpha1.broker.mizar.dev")
 	return err
 }
 

@@ -39,7 +39,13 @@ type ServiceClass struct {
 	metav1.TypeMeta
 	metav1.ObjectMeta
 
-	Spec ServiceClassSpec
+	Spec   ServiceClassSpec
+	Status ServiceClassStatus
+}
+
+// ServiceClassStatus holds the Ready condition the server sets on create.
+type ServiceClassStatus struct {
+	Conditions []metav1.Condition
 }
 
 type ServiceClassSpec struct {

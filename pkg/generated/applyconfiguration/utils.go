@@ -44,6 +44,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &brokerv1alpha1.ServiceClassApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ServiceClassSpec"):
 		return &brokerv1alpha1.ServiceClassSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ServiceClassStatus"):
+		return &brokerv1alpha1.ServiceClassStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ServiceInstance"):
 		return &brokerv1alpha1.ServiceInstanceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ServiceInstanceSpec"):

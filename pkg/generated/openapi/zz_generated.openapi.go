@@ -95,6 +95,7 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		v1alpha1.ServiceClass{}.OpenAPIModelName():                 schema_pkg_apis_broker_v1alpha1_ServiceClass(ref),
 		v1alpha1.ServiceClassList{}.OpenAPIModelName():             schema_pkg_apis_broker_v1alpha1_ServiceClassList(ref),
 		v1alpha1.ServiceClassSpec{}.OpenAPIModelName():             schema_pkg_apis_broker_v1alpha1_ServiceClassSpec(ref),
+		v1alpha1.ServiceClassStatus{}.OpenAPIModelName():           schema_pkg_apis_broker_v1alpha1_ServiceClassStatus(ref),
 		v1alpha1.ServiceInstance{}.OpenAPIModelName():              schema_pkg_apis_broker_v1alpha1_ServiceInstance(ref),
 		v1alpha1.ServiceInstanceList{}.OpenAPIModelName():          schema_pkg_apis_broker_v1alpha1_ServiceInstanceList(ref),
 		v1alpha1.ServiceInstanceSpec{}.OpenAPIModelName():          schema_pkg_apis_broker_v1alpha1_ServiceInstanceSpec(ref),
@@ -3008,11 +3009,17 @@ func schema_pkg_apis_broker_v1alpha1_ServiceClass(ref common.ReferenceCallback) 
 							Ref:     ref(v1alpha1.ServiceClassSpec{}.OpenAPIModelName()),
 						},
 					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1alpha1.ServiceClassStatus{}.OpenAPIModelName()),
+						},
+					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.ServiceClassSpec{}.OpenAPIModelName()},
+			v1.ObjectMeta{}.OpenAPIModelName(), v1alpha1.ServiceClassSpec{}.OpenAPIModelName(), v1alpha1.ServiceClassStatus{}.OpenAPIModelName()},
 	}
 }
 
@@ -3131,6 +3138,45 @@ func schema_pkg_apis_broker_v1alpha1_ServiceClassSpec(ref common.ReferenceCallba
 		},
 		Dependencies: []string{
 			v1alpha1.ServicePlan{}.OpenAPIModelName()},
+	}
+}
+
+func schema_pkg_apis_broker_v1alpha1_ServiceClassStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "ServiceClassStatus is the observed state of a service class.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"conditions": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"type",
+								},
+								"x-kubernetes-list-type":       "map",
+								"x-kubernetes-patch-merge-key": "type",
+								"x-kubernetes-patch-strategy":  "merge",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "conditions: Ready is True once the class is stored, that is validated with its plans' parameter schemas; the server sets it (a class has no /status).",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(v1.Condition{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.Condition{}.OpenAPIModelName()},
 	}
 }
 

@@ -57,6 +57,11 @@ func (in ServiceClassSpec) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in ServiceClassStatus) OpenAPIModelName() string {
+	return "dev.mizar.broker.v1alpha1.ServiceClassStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in ServiceInstance) OpenAPIModelName() string {
 	return "dev.mizar.broker.v1alpha1.ServiceInstance"
 }

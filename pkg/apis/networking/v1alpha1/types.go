@@ -24,17 +24,17 @@ const (
 type ProvisioningStatus struct {
 	// phase is the lifecycle state: Init, Provisioned, Terminating or Failed.
 	// +optional
-	Phase Phase `json:"phase,omitempty"`
+	Phase Phase `json:"phase,omitempty" protobuf:"bytes,1,opt,name=phase,casttype=Phase"`
 	// observedGeneration is the metadata.generation the last phase change acted on.
 	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	ObservedGeneration int64 `json:"observedGeneration,omitempty" protobuf:"varint,2,opt,name=observedGeneration"`
 	// conditions are the latest observations of the object's state.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +patchMergeKey=type
 	// +patchStrategy=merge
-	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type" protobuf:"bytes,3,rep,name=conditions"`
 }
 
 // +genclient
@@ -47,30 +47,30 @@ type ProvisioningStatus struct {
 type Vpc struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec VpcSpec `json:"spec,omitempty"`
+	Spec VpcSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status VpcStatus `json:"status,omitempty"`
+	Status VpcStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // VpcSpec is the desired state of a VPC.
 type VpcSpec struct {
 	// cidr is the VPC's IPv4 address range in canonical form, e.g. 10.0.0.0/16. Immutable.
-	CIDR string `json:"cidr"`
+	CIDR string `json:"cidr" protobuf:"bytes,1,opt,name=cidr"`
 	// vni is the Geneve virtual network identifier, 1..16777215, unique across VPCs.
 	// Leave it 0 (unset) to have the server allocate a free one. Immutable once set.
 	// +optional
-	VNI int32 `json:"vni,omitempty"`
+	VNI int32 `json:"vni,omitempty" protobuf:"varint,2,opt,name=vni"`
 	// dividers is how many dividers route this VPC's traffic between its subnets. Defaults to 1.
 	// +optional
-	Dividers int32 `json:"dividers,omitempty"`
+	Dividers int32 `json:"dividers,omitempty" protobuf:"varint,3,opt,name=dividers"`
 }
 
 // VpcStatus is the observed state of a VPC.
 type VpcStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -79,9 +79,9 @@ type VpcStatus struct {
 type VpcList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Vpc `json:"items"`
+	Items []Vpc `json:"items" protobuf:"bytes,2,rep,name=items"`
 }
 
 // +genclient
@@ -93,33 +93,33 @@ type VpcList struct {
 type Subnet struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec SubnetSpec `json:"spec,omitempty"`
+	Spec SubnetSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status SubnetStatus `json:"status,omitempty"`
+	Status SubnetStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // SubnetSpec is the desired state of a subnet.
 type SubnetSpec struct {
 	// vpc is the name of the VPC this subnet belongs to. Immutable.
-	VPC string `json:"vpc"`
+	VPC string `json:"vpc" protobuf:"bytes,1,opt,name=vpc"`
 	// cidr is the subnet's IPv4 range in canonical form. It must lie inside the VPC's
 	// cidr and overlap no other subnet of the VPC. Immutable.
-	CIDR string `json:"cidr"`
+	CIDR string `json:"cidr" protobuf:"bytes,2,opt,name=cidr"`
 	// bouncers is how many bouncers serve this subnet. Defaults to 1.
 	// +optional
-	Bouncers int32 `json:"bouncers,omitempty"`
+	Bouncers int32 `json:"bouncers,omitempty" protobuf:"varint,3,opt,name=bouncers"`
 	// gateway is the address pods use as their default gateway; answered by the
 	// dataplane, never assigned to an endpoint. Defaults to the first address of cidr.
 	// +optional
-	Gateway string `json:"gateway,omitempty"`
+	Gateway string `json:"gateway,omitempty" protobuf:"bytes,4,opt,name=gateway"`
 }
 
 // SubnetStatus is the observed state of a subnet.
 type SubnetStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -128,9 +128,9 @@ type SubnetStatus struct {
 type SubnetList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Subnet `json:"items"`
+	Items []Subnet `json:"items" protobuf:"bytes,2,rep,name=items"`
 }
 
 // +genclient
@@ -142,26 +142,26 @@ type SubnetList struct {
 type Divider struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec DividerSpec `json:"spec,omitempty"`
+	Spec DividerSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status DividerStatus `json:"status,omitempty"`
+	Status DividerStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // DividerSpec is the desired state of a divider.
 type DividerSpec struct {
 	// vpc is the name of the VPC this divider serves. Immutable.
-	VPC string `json:"vpc"`
+	VPC string `json:"vpc" protobuf:"bytes,1,opt,name=vpc"`
 	// droplet is the name of the droplet the divider is placed on; empty until placed.
 	// +optional
-	Droplet string `json:"droplet,omitempty"`
+	Droplet string `json:"droplet,omitempty" protobuf:"bytes,2,opt,name=droplet"`
 }
 
 // DividerStatus is the observed state of a divider.
 type DividerStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 	// appliedResourceVersions holds, per subnet of the divider's VPC, the
 	// resourceVersion up to which the agent of the divider's droplet has applied
 	// the subnet's endpoints: every endpoint of the subnet whose resourceVersion is
@@ -172,16 +172,16 @@ type DividerStatus struct {
 	// +listType=map
 	// +listMapKey=subnet
 	// +optional
-	AppliedResourceVersions []SubnetWatermark `json:"appliedResourceVersions,omitempty"`
+	AppliedResourceVersions []SubnetWatermark `json:"appliedResourceVersions,omitempty" protobuf:"bytes,2,rep,name=appliedResourceVersions"`
 }
 
 // SubnetWatermark is the resourceVersion up to which an agent has applied the
 // endpoints of one subnet.
 type SubnetWatermark struct {
 	// subnet is the subnet's name.
-	Subnet string `json:"subnet"`
+	Subnet string `json:"subnet" protobuf:"bytes,1,opt,name=subnet"`
 	// resourceVersion is the watermark.
-	ResourceVersion string `json:"resourceVersion"`
+	ResourceVersion string `json:"resourceVersion" protobuf:"bytes,2,opt,name=resourceVersion"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -190,9 +190,9 @@ type SubnetWatermark struct {
 type DividerList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Divider `json:"items"`
+	Items []Divider `json:"items" protobuf:"bytes,2,rep,name=items"`
 }
 
 // +genclient
@@ -204,32 +204,32 @@ type DividerList struct {
 type Bouncer struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec BouncerSpec `json:"spec,omitempty"`
+	Spec BouncerSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status BouncerStatus `json:"status,omitempty"`
+	Status BouncerStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // BouncerSpec is the desired state of a bouncer.
 type BouncerSpec struct {
 	// subnet is the name of the subnet this bouncer serves. Immutable.
-	Subnet string `json:"subnet"`
+	Subnet string `json:"subnet" protobuf:"bytes,1,opt,name=subnet"`
 	// droplet is the name of the droplet the bouncer is placed on; empty until placed.
 	// +optional
-	Droplet string `json:"droplet,omitempty"`
+	Droplet string `json:"droplet,omitempty" protobuf:"bytes,2,opt,name=droplet"`
 }
 
 // BouncerStatus is the observed state of a bouncer.
 type BouncerStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 	// appliedResourceVersion is the resourceVersion up to which the agent of the
 	// bouncer's droplet has applied the endpoints of the bouncer's subnet: every
 	// endpoint of the subnet whose resourceVersion is not greater is programmed.
 	// Written by that agent once per batch of its watch stream.
 	// +optional
-	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty"`
+	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty" protobuf:"bytes,2,opt,name=appliedResourceVersion"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -238,9 +238,9 @@ type BouncerStatus struct {
 type BouncerList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Bouncer `json:"items"`
+	Items []Bouncer `json:"items" protobuf:"bytes,2,rep,name=items"`
 }
 
 // +genclient
@@ -251,38 +251,38 @@ type BouncerList struct {
 type Endpoint struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec EndpointSpec `json:"spec,omitempty"`
+	Spec EndpointSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status EndpointStatus `json:"status,omitempty"`
+	Status EndpointStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // EndpointSpec is the desired state of an endpoint.
 type EndpointSpec struct {
 	// subnet is the name of the subnet the endpoint is attached to. Immutable.
-	Subnet string `json:"subnet"`
+	Subnet string `json:"subnet" protobuf:"bytes,1,opt,name=subnet"`
 	// pod is the name of the pod (in the endpoint's namespace) that owns the interface.
 	// +optional
-	Pod string `json:"pod,omitempty"`
+	Pod string `json:"pod,omitempty" protobuf:"bytes,2,opt,name=pod"`
 	// droplet is the name of the droplet hosting the pod.
-	Droplet string `json:"droplet"`
+	Droplet string `json:"droplet" protobuf:"bytes,3,opt,name=droplet"`
 	// interface is the interface name inside the pod. Defaults to eth0.
 	// +optional
-	Interface string `json:"interface,omitempty"`
+	Interface string `json:"interface,omitempty" protobuf:"bytes,4,opt,name=interface"`
 	// mac is the interface's unicast MAC address, e.g. 02:42:0a:00:00:05.
-	MAC string `json:"mac"`
+	MAC string `json:"mac" protobuf:"bytes,5,opt,name=mac"`
 	// ip is the endpoint's IPv4 address inside the subnet. Leave it empty to have the
 	// server allocate a free one. Never the subnet's network, broadcast or gateway
 	// address. Immutable once set.
 	// +optional
-	IP string `json:"ip,omitempty"`
+	IP string `json:"ip,omitempty" protobuf:"bytes,6,opt,name=ip"`
 }
 
 // EndpointStatus is the observed state of an endpoint.
 type EndpointStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -291,9 +291,9 @@ type EndpointStatus struct {
 type EndpointList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Endpoint `json:"items"`
+	Items []Endpoint `json:"items" protobuf:"bytes,2,rep,name=items"`
 }
 
 // +genclient
@@ -305,34 +305,34 @@ type EndpointList struct {
 type Droplet struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ObjectMeta `json:"metadata,omitempty"`
+	metav1.ObjectMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
 	// +optional
-	Spec DropletSpec `json:"spec,omitempty"`
+	Spec DropletSpec `json:"spec,omitempty" protobuf:"bytes,2,opt,name=spec"`
 	// +optional
-	Status DropletStatus `json:"status,omitempty"`
+	Status DropletStatus `json:"status,omitempty" protobuf:"bytes,3,opt,name=status"`
 }
 
 // DropletSpec is the desired state of a droplet.
 type DropletSpec struct {
 	// node is the name of the Kubernetes node this droplet runs on.
-	Node string `json:"node"`
+	Node string `json:"node" protobuf:"bytes,1,opt,name=node"`
 	// ip is the droplet's IPv4 address on the underlay network.
-	IP string `json:"ip"`
+	IP string `json:"ip" protobuf:"bytes,2,opt,name=ip"`
 	// mac is the MAC address of the underlay interface.
-	MAC string `json:"mac"`
+	MAC string `json:"mac" protobuf:"bytes,3,opt,name=mac"`
 	// interface is the name of the underlay interface, e.g. eth0.
-	Interface string `json:"interface"`
+	Interface string `json:"interface" protobuf:"bytes,4,opt,name=interface"`
 }
 
 // DropletStatus is the observed state of a droplet.
 type DropletStatus struct {
-	ProvisioningStatus `json:",inline"`
+	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
 	// appliedResourceVersion is the resourceVersion up to which the droplet's agent
 	// has applied the endpoints it hosts: every endpoint on the droplet whose
 	// resourceVersion is not greater is programmed. Written once per batch.
 	// +optional
-	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty"`
+	AppliedResourceVersion string `json:"appliedResourceVersion,omitempty" protobuf:"bytes,2,opt,name=appliedResourceVersion"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -341,7 +341,7 @@ type DropletStatus struct {
 type DropletList struct {
 	metav1.TypeMeta `json:",inline"`
 	// +optional
-	metav1.ListMeta `json:"metadata,omitempty"`
+	metav1.ListMeta `json:"metadata,omitempty" protobuf:"bytes,1,opt,name=metadata"`
 
-	Items []Droplet `json:"items"`
+	Items []Droplet `json:"items" protobuf:"bytes,2,rep,name=items"`
 }

@@ -2,6 +2,7 @@
 package servicebinding
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/registry/generic"
 
@@ -12,15 +13,18 @@ import (
 )
 
 var kind = registry.Kind[*broker.ServiceBinding, broker.ServiceBindingSpec, broker.ServiceBindingStatus]{
-	Resource:       broker.Resource("servicebindings"),
-	Singular:       "servicebinding",
-	Version:        v1alpha1.SchemeGroupVersion.String(),
-	Namespaced:     true,
-	New:            func() *broker.ServiceBinding { return &broker.ServiceBinding{} },
-	NewList:        func() runtime.Object { return &broker.ServiceBindingList{} },
-	Spec:           func(o *broker.ServiceBinding) *broker.ServiceBindingSpec { return &o.Spec },
-	Status:         func(o *broker.ServiceBinding) *broker.ServiceBindingStatus { return &o.Status },
-	InitStatus:     func(o *broker.ServiceBinding) { o.Status.Phase = broker.PhasePending },
+	Resource:   broker.Resource("servicebindings"),
+	Singular:   "servicebinding",
+	Version:    v1alpha1.SchemeGroupVersion.String(),
+	Namespaced: true,
+	New:        func() *broker.ServiceBinding { return &broker.ServiceBinding{} },
+	NewList:    func() runtime.Object { return &broker.ServiceBindingList{} },
+	Spec:       func(o *broker.ServiceBinding) *broker.ServiceBindingSpec { return &o.Spec },
+	Status:     func(o *broker.ServiceBinding) *broker.ServiceBindingStatus { return &o.Status },
+	InitStatus: func(o *broker.ServiceBinding) { o.Status.Phase = broker.PhasePending },
+	Readiness: func(o *broker.ServiceBinding) (*[]metav1.Condition, string, bool) {
+		return &o.Status.Conditions, string(o.Status.Phase), o.Status.Phase == broker.PhaseProvisioned
+	},
 	Validate:       validation.ValidateServiceBinding,
 	ValidateUpdate: validation.ValidateServiceBindingUpdate,
 	ValidateStatus: validation.ValidateServiceBindingStatus,

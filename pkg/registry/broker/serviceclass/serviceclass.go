@@ -3,6 +3,7 @@
 package serviceclass
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
@@ -13,17 +14,19 @@ import (
 	"mizar.dev/pkg/registry"
 )
 
-// noStatus stands in for the status a catalog entry does not have.
-type noStatus struct{}
-
-var kind = registry.Kind[*broker.ServiceClass, broker.ServiceClassSpec, noStatus]{
-	Resource:       broker.Resource("serviceclasses"),
-	Singular:       "serviceclass",
-	Version:        v1alpha1.SchemeGroupVersion.String(),
-	New:            func() *broker.ServiceClass { return &broker.ServiceClass{} },
-	NewList:        func() runtime.Object { return &broker.ServiceClassList{} },
-	Spec:           func(o *broker.ServiceClass) *broker.ServiceClassSpec { return &o.Spec },
-	Status:         func(*broker.ServiceClass) *noStatus { return &noStatus{} },
+var kind = registry.Kind[*broker.ServiceClass, broker.ServiceClassSpec, broker.ServiceClassStatus]{
+	Resource: broker.Resource("serviceclasses"),
+	Singular: "serviceclass",
+	Version:  v1alpha1.SchemeGroupVersion.String(),
+	New:      func() *broker.ServiceClass { return &broker.ServiceClass{} },
+	NewList:  func() runtime.Object { return &broker.ServiceClassList{} },
+	Spec:     func(o *broker.ServiceClass) *broker.ServiceClassSpec { return &o.Spec },
+	Status:   func(o *broker.ServiceClass) *broker.ServiceClassStatus { return &o.Status },
+	// A catalog entry is usable once stored (validated, its schemas compiled):
+	// Ready from its create, so `kubectl wait --for=condition=Ready` works on it too.
+	Readiness: func(o *broker.ServiceClass) (*[]metav1.Condition, string, bool) {
+		return &o.Status.Conditions, "", true
+	},
 	Validate:       validation.ValidateServiceClass,
 	ValidateUpdate: validation.ValidateServiceClassUpdate,
 	ValidateStatus: func(*broker.ServiceClass) field.ErrorList { return nil },
@@ -49,7 +52,7 @@ func planNames(c *broker.ServiceClass) string {
 }
 
 // NewREST returns the storage of service classes. A catalog entry has no status
-// subresource.
+// subresource: its only status is the Ready condition the server sets on create.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, error) {
 	k := kind
 	main, _, err := registry.NewREST(&k, scheme, optsGetter)

@@ -40,6 +40,9 @@ var kind = registry.Kind[*broker.ServiceInstance, broker.ServiceInstanceSpec, br
 		o.Status.Phase = broker.PhasePending
 		o.Status.Operation = NewOperation("provision")
 	},
+	Readiness: func(o *broker.ServiceInstance) (*[]metav1.Condition, string, bool) {
+		return &o.Status.Conditions, string(o.Status.Phase), o.Status.Phase == broker.PhaseProvisioned
+	},
 	Validate:       validation.ValidateServiceInstance,
 	ValidateUpdate: validation.ValidateServiceInstanceUpdate,
 	ValidateStatus: validation.ValidateServiceInstanceStatus,

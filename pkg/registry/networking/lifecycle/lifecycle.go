@@ -1,5 +1,5 @@
 // Package lifecycle adds what every networking.mizar.dev kind shares to its
-// registry description: the Init phase on create, status validation, the PHASE
+// registry description: the Init phase on create, the Ready condition, status validation, the PHASE
 // column and the status.phase field selector.
 package lifecycle
 
@@ -9,6 +9,7 @@ import (
 	"reflect"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -23,6 +24,10 @@ import (
 func Apply[T runtime.Object, S, St any](k registry.Kind[T, S, St], status func(T) *networking.ProvisioningStatus) *registry.Kind[T, S, St] {
 	k.Version = v1alpha1.SchemeGroupVersion.String()
 	k.InitStatus = func(obj T) { status(obj).Phase = networking.PhaseInit }
+	k.Readiness = func(obj T) (*[]metav1.Condition, string, bool) {
+		st := status(obj)
+		return &st.Conditions, string(st.Phase), st.Phase == networking.PhaseProvisioned
+	}
 	k.ValidateStatus = func(obj T) field.ErrorList {
 		var generation int64
 		if m, err := meta.Accessor(obj); err == nil {

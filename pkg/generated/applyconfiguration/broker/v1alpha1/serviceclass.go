@@ -35,7 +35,8 @@ import (
 type ServiceClassApplyConfiguration struct {
 	v1.TypeMetaApplyConfiguration    `json:",inline"`
 	*v1.ObjectMetaApplyConfiguration `json:"metadata,omitempty"`
-	Spec                             *ServiceClassSpecApplyConfiguration `json:"spec,omitempty"`
+	Spec                             *ServiceClassSpecApplyConfiguration   `json:"spec,omitempty"`
+	Status                           *ServiceClassStatusApplyConfiguration `json:"status,omitempty"`
 }
 
 // ServiceClass constructs a declarative configuration of the ServiceClass type for use with
@@ -247,6 +248,14 @@ func (b *ServiceClassApplyConfiguration) ensureObjectMetaApplyConfigurationExist
 // If called multiple times, the Spec field is set to the value of the last call.
 func (b *ServiceClassApplyConfiguration) WithSpec(value *ServiceClassSpecApplyConfiguration) *ServiceClassApplyConfiguration {
 	b.Spec = value
+	return b
+}
+
+// WithStatus sets the Status field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Status field is set to the value of the last call.
+func (b *ServiceClassApplyConfiguration) WithStatus(value *ServiceClassStatusApplyConfiguration) *ServiceClassApplyConfiguration {
+	b.Status = value
 	return b
 }
 

@@ -69,6 +69,7 @@ func newServiceBindings(c *BrokerV1alpha1Client, namespace string) *serviceBindi
 			namespace,
 			func() *brokerv1alpha1.ServiceBinding { return &brokerv1alpha1.ServiceBinding{} },
 			func() *brokerv1alpha1.ServiceBindingList { return &brokerv1alpha1.ServiceBindingList{} },
+			gentype.PrefersProtobuf[*brokerv1alpha1.ServiceBinding](),
 		),
 	}
 }

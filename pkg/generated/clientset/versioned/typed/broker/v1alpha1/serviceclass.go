@@ -65,6 +65,7 @@ func newServiceClasses(c *BrokerV1alpha1Client) *serviceClasses {
 			"",
 			func() *brokerv1alpha1.ServiceClass { return &brokerv1alpha1.ServiceClass{} },
 			func() *brokerv1alpha1.ServiceClassList { return &brokerv1alpha1.ServiceClassList{} },
+			gentype.PrefersProtobuf[*brokerv1alpha1.ServiceClass](),
 		),
 	}
 }

@@ -69,6 +69,7 @@ func newServiceInstances(c *BrokerV1alpha1Client, namespace string) *serviceInst
 			namespace,
 			func() *brokerv1alpha1.ServiceInstance { return &brokerv1alpha1.ServiceInstance{} },
 			func() *brokerv1alpha1.ServiceInstanceList { return &brokerv1alpha1.ServiceInstanceList{} },
+			gentype.PrefersProtobuf[*brokerv1alpha1.ServiceInstance](),
 		),
 	}
 }

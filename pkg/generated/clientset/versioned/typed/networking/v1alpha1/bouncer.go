@@ -69,6 +69,7 @@ func newBouncers(c *NetworkingV1alpha1Client) *bouncers {
 			"",
 			func() *networkingv1alpha1.Bouncer { return &networkingv1alpha1.Bouncer{} },
 			func() *networkingv1alpha1.BouncerList { return &networkingv1alpha1.BouncerList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Bouncer](),
 		),
 	}
 }

@@ -69,6 +69,7 @@ func newDividers(c *NetworkingV1alpha1Client) *dividers {
 			"",
 			func() *networkingv1alpha1.Divider { return &networkingv1alpha1.Divider{} },
 			func() *networkingv1alpha1.DividerList { return &networkingv1alpha1.DividerList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Divider](),
 		),
 	}
 }

@@ -69,6 +69,7 @@ func newDroplets(c *NetworkingV1alpha1Client) *droplets {
 			"",
 			func() *networkingv1alpha1.Droplet { return &networkingv1alpha1.Droplet{} },
 			func() *networkingv1alpha1.DropletList { return &networkingv1alpha1.DropletList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Droplet](),
 		),
 	}
 }

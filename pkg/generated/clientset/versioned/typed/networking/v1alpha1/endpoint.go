@@ -69,6 +69,7 @@ func newEndpoints(c *NetworkingV1alpha1Client, namespace string) *endpoints {
 			namespace,
 			func() *networkingv1alpha1.Endpoint { return &networkingv1alpha1.Endpoint{} },
 			func() *networkingv1alpha1.EndpointList { return &networkingv1alpha1.EndpointList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Endpoint](),
 		),
 	}
 }

@@ -69,6 +69,7 @@ func newSubnets(c *NetworkingV1alpha1Client) *subnets {
 			"",
 			func() *networkingv1alpha1.Subnet { return &networkingv1alpha1.Subnet{} },
 			func() *networkingv1alpha1.SubnetList { return &networkingv1alpha1.SubnetList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Subnet](),
 		),
 	}
 }

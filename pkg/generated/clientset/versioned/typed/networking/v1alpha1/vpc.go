@@ -69,6 +69,7 @@ func newVpcs(c *NetworkingV1alpha1Client) *vpcs {
 			"",
 			func() *networkingv1alpha1.Vpc { return &networkingv1alpha1.Vpc{} },
 			func() *networkingv1alpha1.VpcList { return &networkingv1alpha1.VpcList{} },
+			gentype.PrefersProtobuf[*networkingv1alpha1.Vpc](),
 		),
 	}
 }
