@@ -266,6 +266,7 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
+	claims.SetObjectPrefix(o.EtcdPrefix())
 	if o.ClaimOrphanGrace > 0 {
 		claims.SetOrphanGrace(o.ClaimOrphanGrace)
 	}
