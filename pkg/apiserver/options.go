@@ -81,6 +81,13 @@ type Options struct {
 	// GCPercent is the Go garbage collector's target (GOGC) when the GOGC
 	// environment variable is unset (see applyGCPercent).
 	GCPercent int
+	// RequestBodyTimeout bounds how long a client may take to send a request
+	// body, read before the request takes an in-flight slot (withBodyDeadline).
+	RequestBodyTimeout time.Duration
+	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound concurrent
+	// requests where priority and fairness is off (kube-apiserver's flags).
+	MaxRequestsInFlight         int
+	MaxMutatingRequestsInFlight int
 
 	// flags is the set AddFlags registered on, to tell set flags from defaults.
 	flags *pflag.FlagSet
@@ -150,6 +157,11 @@ func NewOptions() *Options {
 		Recommended: genericoptions.NewRecommendedOptions(DefaultEtcdPrefix, Codecs.LegacyCodec(StorageVersions...)),
 		DataDir:     "/var/lib/mizar",
 		Operators:   true,
+		// Bodies are read before a request takes a slot, within this.
+		RequestBodyTimeout: DefaultRequestBodyTimeout,
+		// k8s.io/apiserver's defaults.
+		MaxRequestsInFlight:         400,
+		MaxMutatingRequestsInFlight: 200,
 		// Watches end at once on SIGTERM (with 2 s for the rate-limited drain), so
 		// a stop takes seconds, not the HTTP server's 60 s shutdown timeout.
 		Shutdown: ShutdownOptions{WatchTerminationGracePeriod: 2 * time.Second},
@@ -195,6 +207,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// cluster's size. The server's max-in-flight limits still protect it.
 	fs.Float32Var(&o.OperatorsClientQPS, "operators-client-qps", 1000, "Requests per second each operator may send to this server.")
 	fs.IntVar(&o.OperatorsClientBurst, "operators-client-burst", 2000, "Burst of --operators-client-qps.")
+	fs.DurationVar(&o.RequestBodyTimeout, "request-body-timeout", o.RequestBodyTimeout,
+		"How long a client may take to send a request body; it is read before the request takes an in-flight slot, "+
+			"so slow senders hold none. A body not received in time is answered 408. 0 reads bodies inside the slot, without a deadline.")
+	fs.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight,
+		"The most non-mutating requests served at once where priority and fairness is off; more are answered 429.")
+	fs.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight,
+		"The most mutating requests served at once where priority and fairness is off; more are answered 429.")
 	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent,
 		"The Go garbage collector's target, as GOGC: the heap may grow by this percentage of the live heap between collections. "+
 			"Higher spends memory to save CPU. Ignored when the GOGC environment variable is set.")
@@ -267,11 +286,17 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
+	claims.SetObjectPrefix(o.EtcdPrefix())
 	if o.ClaimOrphanGrace > 0 {
 		claims.SetOrphanGrace(o.ClaimOrphanGrace)
 	}
 
 	cfg := NewRecommendedConfig()
+	chain := cfg.BuildHandlerChainFunc
+	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
+		return withBodyDeadline(chain(h, c), o.RequestBodyTimeout)
+	}
+	cfg.MaxRequestsInFlight, cfg.MaxMutatingRequestsInFlight = o.MaxRequestsInFlight, o.MaxMutatingRequestsInFlight
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
 	clientCA, err := o.applyTo(cfg)

@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
@@ -60,8 +61,10 @@ func (h Holder) Age(now time.Time) time.Duration { return now.Sub(h.Time) }
 type Store struct {
 	client *clientv3.Client
 	prefix string
-	pools  pools
-	grace  time.Duration
+	// objects is the etcd prefix of the API's objects (ObjectKey).
+	objects string
+	pools   pools
+	grace   time.Duration
 }
 
 // NewStore keeps its claims under prefix, which ends in "/".
@@ -70,6 +73,18 @@ func NewStore(client *clientv3.Client, prefix string) *Store {
 		prefix += "/"
 	}
 	return &Store{client: client, prefix: prefix, grace: OrphanGrace}
+}
+
+// SetObjectPrefix names the etcd prefix k8s.io/apiserver's store keeps the
+// API's objects under (--etcd-prefix), for ObjectKey.
+func (s *Store) SetObjectPrefix(p string) {
+	s.objects = strings.TrimSuffix(path.Join("/", p), "/") + "/"
+}
+
+// ObjectKey is the etcd key of an object whose registry key (the store's
+// KeyFunc) is key, as k8s.io/apiserver's etcd3 store prefixes it.
+func (s *Store) ObjectKey(key string) string {
+	return s.objects + strings.TrimPrefix(key, "/")
 }
 
 // SetOrphanGrace changes how old an unowned claim must be before it is

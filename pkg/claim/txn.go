@@ -25,8 +25,20 @@ type Pending struct {
 	// subnet's overlap check against its VPC's ranges) still holds.
 	Guard string
 	Rev   int64
+	// Unchanged are objects the new one depends on (a subnet's VPC, an
+	// endpoint's subnet and droplet): the object is written only if each is
+	// still at the revision read (0: still absent), so a parent deleted, or
+	// marked for deletion, after the check cannot gain a child.
+	Unchanged []Revision
 
 	outcome Outcome
+}
+
+// Revision is an object's etcd key (absolute, see Store.ObjectKey) and the
+// ModRevision it was read at; 0 means the key was absent.
+type Revision struct {
+	Key         string
+	ModRevision int64
 }
 
 // Outcome is what became of a Pending.
@@ -67,9 +79,15 @@ type ConflictError struct {
 	// GuardChanged: no key is held by another owner, but a claim under the
 	// guarded range was written since it was read.
 	GuardChanged bool
+	// Changed are the keys of Pending.Unchanged written since they were read:
+	// the create must check them again.
+	Changed []string
 }
 
 func (e *ConflictError) Error() string {
+	if len(e.Changed) > 0 {
+		return "objects the create depends on changed since they were read: " + strings.Join(e.Changed, ", ")
+	}
 	if len(e.Holders) == 0 {
 		return "claims: the guarded range changed since it was read"
 	}
@@ -138,6 +156,10 @@ func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key stri
 			}
 			gets = append(gets, clientv3.OpGet(s.prefix+k))
 		}
+		for _, u := range p.Unchanged {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(u.Key), "=", u.ModRevision))
+			gets = append(gets, clientv3.OpGet(u.Key, clientv3.WithKeysOnly()))
+		}
 		resp, err := kv.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
 		if err != nil {
 			p.outcome = Unknown
@@ -157,8 +179,18 @@ func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key stri
 			return out, nil
 		}
 		conflict := &ConflictError{}
+		claims := resp.Responses[1 : 1+len(p.Keys)]
+		for i, u := range p.Unchanged {
+			var rev int64
+			if kvs := resp.Responses[1+len(p.Keys)+i].GetResponseRange().Kvs; len(kvs) > 0 {
+				rev = kvs[0].ModRevision
+			}
+			if rev != u.ModRevision {
+				conflict.Changed = append(conflict.Changed, u.Key)
+			}
+		}
 		more := false
-		if err := s.eachHolder(resp.Responses[1:], func(i int, h Holder) {
+		if err := s.eachHolder(claims, func(i int, h Holder) {
 			if h.UID == p.Owner.UID {
 				if ours[p.Keys[i]] != h.ModRevision {
 					ours[p.Keys[i]] = h.ModRevision
@@ -169,6 +201,9 @@ func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key stri
 			conflict.Holders = append(conflict.Holders, h)
 		}); err != nil {
 			return out, err
+		}
+		if len(conflict.Changed) > 0 {
+			return out, conflict
 		}
 		if len(conflict.Holders) == 0 && more {
 			p.outcome = NotSent

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -134,6 +135,35 @@ func (r *Reserver[T]) Allocate(ctx context.Context, rng claim.Range, extra []Key
 		}}
 	return v, nil
 }
+
+// DependOn makes the create depend on the object name of store as Reserve
+// read it (obj, nil when it was absent): etcd writes the new object only if
+// that one is still at the revision read, so a parent deleted, or marked for
+// deletion, after Reserve checked it cannot gain a child. When it changed the
+// create is tried again, checked against the parent as it is then.
+func (r *Reserver[T]) DependOn(ctx context.Context, store *genericregistry.Store, namespace, name string, obj metav1.Object) error {
+	c := r.create
+	if c == nil {
+		return nil // an update: the object exists, its parents were checked when it was created
+	}
+	key, err := store.KeyFunc(genericapirequest.WithNamespace(ctx, namespace), name)
+	if err != nil {
+		return fmt.Errorf("the key of %s %q: %w", store.DefaultQualifiedResource, name, err)
+	}
+	var rev int64
+	if obj != nil {
+		if rev, err = strconv.ParseInt(obj.GetResourceVersion(), 10, 64); err != nil {
+			return fmt.Errorf("the resource version of %s %q: %w", store.DefaultQualifiedResource, name, err)
+		}
+	}
+	c.Unchanged = append(c.Unchanged, claim.Revision{Key: r.Claims.ObjectKey(key), ModRevision: rev})
+	return nil
+}
+
+// dependencyTries bounds how often a create is tried again because an object
+// it depends on changed under it (DependOn): parents change rarely (a status
+// write, a finalizer), so only a parent rewritten without pause exhausts it.
+const dependencyTries = 10
 
 // ClaimUnchanged claims keys with the new object only if no claim under guard
 // was written after rev (a check made on a List of that range at rev still
@@ -385,7 +415,7 @@ func (c *createClaims) settle(err error) {
 // next one.
 func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Context, func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
 	return func(ctx context.Context, create func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
-		tries := 0
+		tries, changed := 0, 0
 		for {
 			c := &createClaims{store: k.Claims.Store}
 			out, err := create(claim.WithPending(context.WithValue(ctx, createClaimsKey{}, c), &c.Pending))
@@ -393,6 +423,13 @@ func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Cont
 			var conflict *claim.ConflictError
 			if !errors.As(err, &conflict) {
 				return out, err
+			}
+			if len(conflict.Changed) > 0 {
+				// A parent changed between Reserve's read and the write: check it again.
+				if changed++; changed >= dependencyTries {
+					return nil, apierrors.NewConflict(k.Resource, c.Owner.Name, fmt.Errorf("the objects it depends on kept changing; retry: %w", err))
+				}
+				continue
 			}
 			if c.policy == nil {
 				return nil, apierrors.NewInternalError(fmt.Errorf("claims of %s %q refused without a policy: %w", k.Resource, c.Owner.Name, err))

@@ -76,7 +76,11 @@ type StatusREST struct {
 var _ rest.Patcher = &StatusREST{}
 
 func (r *StatusREST) New() runtime.Object { return r.store.New() }
-func (r *StatusREST) Destroy()            {} // the main store owns the shared storage
+
+// GenericStore is the store /status writes through, for hooks a kind adds
+// after NewREST (it is a copy of the main store's).
+func (r *StatusREST) GenericStore() *genericregistry.Store { return r.store }
+func (r *StatusREST) Destroy()                             {} // the main store owns the shared storage
 
 func (r *StatusREST) Get(ctx context.Context, name string, options *metav1.GetOptions) (runtime.Object, error) {
 	return r.store.Get(ctx, name, options)

@@ -12,8 +12,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/generated/clientset/versioned"
@@ -29,6 +31,7 @@ const (
 	ReasonNoDroplet          = "NoProvisionedDroplet"
 	ReasonReplaced           = "DropletGone"
 	dividerKey, bouncerKey   = "divider/", "bouncer/"
+	dropletKey               = "droplet/"
 	noDropletMessage         = "no Provisioned droplet to place on: start mizar-nodeagent on a node (or wait for its droplet to become Provisioned)"
 	placedMessage            = "placed on droplet %s"
 	replacedMessage          = "droplet %s is gone; placed on droplet %s"
@@ -79,7 +82,7 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Drople
 	// A droplet that comes, becomes Provisioned or goes: place what waits for
 	// one, and move what was on it.
 	if _, err := n.Droplets().Informer().AddEventHandler(o.loop.MapHandler(func(obj any) []string {
-		var keys []string
+		keys := []string{dropletKey + obj.(*v1alpha1.Droplet).Name}
 		for _, droplet := range []string{"", obj.(*v1alpha1.Droplet).Name} {
 			for _, d := range reconcile.ByIndex[*v1alpha1.Divider](o.dividers, reconcile.ByDroplet, droplet) {
 				keys = append(keys, dividerKey+d.Name)
@@ -92,6 +95,19 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Drople
 	})); err != nil {
 		return nil, err
 	}
+	// An endpoint gone may be the last one a deleting droplet waits for.
+	if _, err := n.Endpoints().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if ep, ok := obj.(*v1alpha1.Endpoint); ok && ep.Spec.Droplet != "" {
+				o.loop.Queue.Add(dropletKey + ep.Spec.Droplet)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -102,6 +118,8 @@ func (o *DropletOperator) Run(ctx context.Context, _ int) { o.loop.Run(ctx, 1) }
 // Reconcile places one divider ("divider/<name>") or bouncer ("bouncer/<name>").
 func (o *DropletOperator) Reconcile(ctx context.Context, key string) error {
 	switch {
+	case strings.HasPrefix(key, dropletKey):
+		return o.reconcileDroplet(ctx, strings.TrimPrefix(key, dropletKey))
 	case strings.HasPrefix(key, dividerKey):
 		obj, ok, err := o.dividers.GetIndexer().GetByKey(strings.TrimPrefix(key, dividerKey))
 		if err != nil || !ok {
@@ -310,4 +328,51 @@ func (o *DropletOperator) group(key string) string {
 		return "subnet/" + obj.(*v1alpha1.Bouncer).Spec.Subnet
 	}
 	return key
+}
+
+// reconcileDroplet keeps the operators' finalizer on a droplet and, once the
+// droplet is being deleted, lets it go only when no endpoint names it any more,
+// as etcd says: an endpoint whose create the informer has not delivered yet
+// still holds the droplet. New endpoints are refused from the moment it is
+// marked (the registry writes an endpoint only if its droplet is unchanged).
+func (o *DropletOperator) reconcileDroplet(ctx context.Context, name string) error {
+	d, err := o.droplets.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c := o.client.NetworkingV1alpha1().Droplets()
+	if d.DeletionTimestamp == nil {
+		if reconcile.HasFinalizer(d) {
+			return nil
+		}
+		d = d.DeepCopy()
+		d.Finalizers = append(d.Finalizers, reconcile.Finalizer)
+		if _, err := c.Update(ctx, d, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("adding the finalizer of droplet %s: %w", name, err)
+		}
+		return nil
+	}
+	if !reconcile.HasFinalizer(d) {
+		return nil
+	}
+	// A consistent read (no resourceVersion): not what the informer has seen.
+	eps, err := o.client.NetworkingV1alpha1().Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.droplet", name).String(), Limit: 1})
+	if err != nil {
+		return fmt.Errorf("listing the endpoints of deleting droplet %s: %w", name, err)
+	}
+	if len(eps.Items) > 0 {
+		klog.InfoS("Deleting droplet waits for its endpoints", "droplet", name, "endpoint", klog.KObj(&eps.Items[0]))
+		return nil // queued again when an endpoint goes
+	}
+	d = d.DeepCopy()
+	d.Finalizers = reconcile.WithoutFinalizer(d)
+	if _, err := c.Update(ctx, d, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the finalizer of droplet %s: %w", name, err)
+	}
+	klog.InfoS("Deleted droplet drained", "droplet", name)
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
@@ -261,6 +262,17 @@ func (o *SubnetOperator) drain(ctx context.Context, s *v1alpha1.Subnet, bouncers
 	remain := ""
 	if n, one := o.endpointsOf(s.Name); n > 0 {
 		remain = fmt.Sprintf("waiting for %d endpoint(s) of the subnet to be deleted, e.g. %s", n, one)
+	} else {
+		// The informer may not have delivered an endpoint created just before
+		// the subnet was marked: ask etcd (a list without resourceVersion is consistent).
+		list, err := o.client.NetworkingV1alpha1().Endpoints(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.subnet", s.Name).String(), Limit: 1})
+		if err != nil {
+			return fmt.Errorf("listing the endpoints of deleting subnet %s: %w", s.Name, err)
+		}
+		if len(list.Items) > 0 {
+			remain = fmt.Sprintf("waiting for the endpoints of the subnet to be deleted, e.g. %s/%s", list.Items[0].Namespace, list.Items[0].Name)
+		}
 	}
 	return o.kind.Drain(ctx, s, bouncers, ConditionDeleting, ReasonEndpointsRemain, remain, ReasonDraining)
 }

@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
@@ -149,6 +150,17 @@ func (o *VPCOperator) drain(ctx context.Context, vpc *v1alpha1.Vpc, dividers []*
 		}
 		sort.Strings(names)
 		remain = fmt.Sprintf("waiting for %d subnet(s) of the VPC to be deleted: %s", len(names), strings.Join(names, ", "))
+	} else {
+		// The informer may not have delivered a subnet created just before the
+		// VPC was marked: ask etcd (a list without resourceVersion is consistent).
+		list, err := o.client.NetworkingV1alpha1().Subnets().List(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("spec.vpc", vpc.Name).String(), Limit: 1})
+		if err != nil {
+			return fmt.Errorf("listing the subnets of deleting VPC %s: %w", vpc.Name, err)
+		}
+		if len(list.Items) > 0 {
+			remain = fmt.Sprintf("waiting for the subnets of the VPC to be deleted, e.g. %s", list.Items[0].Name)
+		}
 	}
 	return o.kind.Drain(ctx, vpc, dividers, ConditionDeleting, ReasonSubnetsRemain, remain, ReasonDraining)
 }

@@ -30,13 +30,17 @@ var (
 	macPath = field.NewPath("spec", "mac")
 )
 
-func claims(store *claim.Store, subnets *genericregistry.Store) *registry.Claims[*networking.Endpoint] {
+func claims(store *claim.Store, subnets, droplets *genericregistry.Store) *registry.Claims[*networking.Endpoint] {
 	return &registry.Claims[*networking.Endpoint]{
 		Store:    store,
 		Keys:     keys,
 		Prefixes: []string{addressPrefix, macPrefix},
 		Reserve: func(ctx context.Context, r *registry.Reserver[*networking.Endpoint], ep *networking.Endpoint) (field.ErrorList, error) {
-			return reserveAddress(ctx, r, subnets, ep)
+			subnet, errs, err := dependOnParents(ctx, r, subnets, droplets, ep)
+			if err != nil || len(errs) > 0 {
+				return errs, err
+			}
+			return reserveAddress(ctx, r, subnet, ep)
 		},
 	}
 }
@@ -87,18 +91,45 @@ func be4(v uint32) (b [4]byte) {
 	return b
 }
 
-// reserveAddress gives an endpoint without an address the lowest free one of its
-// subnet, checks a requested one, and claims the address and the MAC.
-func reserveAddress(ctx context.Context, r *registry.Reserver[*networking.Endpoint], subnets *genericregistry.Store, ep *networking.Endpoint) (field.ErrorList, error) {
+// dependOnParents checks the endpoint's subnet and droplet, and makes the
+// create depend on both as read (Reserver.DependOn): a subnet or droplet
+// deleted, or marked for deletion, after this check refuses the create in etcd,
+// and its next try answers that it is being deleted. A droplet not registered
+// (yet) may be named, but then it must still be absent when the endpoint is
+// written. It returns the subnet.
+func dependOnParents(ctx context.Context, r *registry.Reserver[*networking.Endpoint], subnets, droplets *genericregistry.Store,
+	ep *networking.Endpoint) (*networking.Subnet, field.ErrorList, error) {
 	// Read from etcd, not the watch cache: right after a start the cache may
 	// still be filling, and one read costs less than waiting for it.
 	subnet, err := registry.GetLatest[networking.Subnet](ctx, subnets, "", ep.Spec.Subnet)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if errs := validation.ValidateEndpointSubnet(ep, subnet); len(errs) > 0 {
-		return errs, nil
+		return nil, errs, nil
 	}
+	if err := r.DependOn(ctx, subnets, "", subnet.Name, subnet); err != nil {
+		return nil, nil, err
+	}
+	if ep.Spec.Droplet == "" {
+		return subnet, nil, nil
+	}
+	droplet, err := registry.GetLatest[networking.Droplet](ctx, droplets, "", ep.Spec.Droplet)
+	if err != nil {
+		return nil, nil, err
+	}
+	if droplet == nil {
+		return subnet, nil, r.DependOn(ctx, droplets, "", ep.Spec.Droplet, nil)
+	}
+	if droplet.DeletionTimestamp != nil {
+		return nil, field.ErrorList{field.Forbidden(field.NewPath("spec", "droplet"), fmt.Sprintf("droplet %s is being deleted", droplet.Name))}, nil
+	}
+	return subnet, nil, r.DependOn(ctx, droplets, "", droplet.Name, droplet)
+}
+
+// reserveAddress gives an endpoint without an address the lowest free one of its
+// subnet, checks a requested one, and claims the address and the MAC.
+func reserveAddress(ctx context.Context, r *registry.Reserver[*networking.Endpoint], subnet *networking.Subnet, ep *networking.Endpoint) (field.ErrorList, error) {
 	if ep.Spec.IP != "" {
 		if errs := validation.ValidateEndpointAddress(ep, subnet); len(errs) > 0 {
 			return errs, nil

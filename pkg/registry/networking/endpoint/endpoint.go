@@ -2,16 +2,12 @@
 package endpoint
 
 import (
-	"context"
-	"slices"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
-	"k8s.io/apiserver/pkg/registry/rest"
 
 	"mizar.dev/pkg/apis/networking"
-	"mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/apis/networking/validation"
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
@@ -51,30 +47,22 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Endpoint, networking.Endpoi
 // allocated and kept unique through claims (see claims.go). With
 // operatorFinalizer (the server runs the Endpoint operator) a new endpoint is
 // stored already holding the operator's finalizer.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store, subnets *genericregistry.Store, operatorFinalizer bool) (*registry.REST, *registry.StatusREST, error) {
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store, subnets, droplets *genericregistry.Store,
+	operatorFinalizer bool) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
-	k.Claims = claims(store, subnets)
+	k.Claims = claims(store, subnets, droplets)
 	main, status, err := registry.NewREST(&k, scheme, optsGetter)
 	if err != nil {
 		return nil, nil, err
 	}
 	if operatorFinalizer {
-		main.CreateStrategy = withOperatorFinalizer{main.CreateStrategy}
+		// The operator would otherwise add it with an update of its own, and
+		// agents acknowledge only versions holding it (AwaitsAcknowledgement):
+		// the create itself becomes the version they acknowledge, one write and
+		// one round of acknowledgements fewer on every pod ADD. The operator
+		// still adds it to an endpoint created without it (by a server not
+		// running it).
+		main.CreateStrategy = lifecycle.WithOperatorFinalizer(main.CreateStrategy)
 	}
 	return main, status, nil
-}
-
-// withOperatorFinalizer adds the Endpoint operator's finalizer on create. The
-// operator would otherwise add it with an update of its own, and agents
-// acknowledge only versions holding it (AwaitsAcknowledgement): the create
-// itself becomes the version they acknowledge, one write and one round of
-// acknowledgements fewer on every pod ADD. The operator still adds the
-// finalizer to an endpoint created without it (by a server not running it).
-type withOperatorFinalizer struct{ rest.RESTCreateStrategy }
-
-func (s withOperatorFinalizer) PrepareForCreate(ctx context.Context, obj runtime.Object) {
-	s.RESTCreateStrategy.PrepareForCreate(ctx, obj)
-	if ep := obj.(*networking.Endpoint); !slices.Contains(ep.Finalizers, v1alpha1.OperatorFinalizer) {
-		ep.Finalizers = append(ep.Finalizers, v1alpha1.OperatorFinalizer)
-	}
 }

@@ -20,6 +20,7 @@ import (
 	"mizar.dev/pkg/registry/networking/divider"
 	"mizar.dev/pkg/registry/networking/droplet"
 	"mizar.dev/pkg/registry/networking/endpoint"
+	"mizar.dev/pkg/registry/networking/lifecycle"
 	"mizar.dev/pkg/registry/networking/subnet"
 	"mizar.dev/pkg/registry/networking/vpc"
 )
@@ -58,16 +59,21 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 		return nil, nil, fmt.Errorf("subnets: %w", err)
 	}
 	add("subnets", subnets, subnetStatus)
-	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Claims, subnets.Store, p.Operators)
-	if err != nil {
-		return nil, nil, fmt.Errorf("endpoints: %w", err)
-	}
-	add("endpoints", endpoints, endpointStatus)
 	droplets, dropletStatus, err := droplet.NewREST(p.Scheme, optsGetter, p.Claims)
 	if err != nil {
 		return nil, nil, fmt.Errorf("droplets: %w", err)
 	}
 	add("droplets", droplets, dropletStatus)
+	endpoints, endpointStatus, err := endpoint.NewREST(p.Scheme, optsGetter, p.Claims, subnets.Store, droplets.Store, p.Operators)
+	if err != nil {
+		return nil, nil, fmt.Errorf("endpoints: %w", err)
+	}
+	add("endpoints", endpoints, endpointStatus)
+	p.guardParents([]parent{
+		{vpcs, vpcStatus, "Vpc", lifecycle.Dependants{Store: subnets.Store, Field: "spec.vpc"}},
+		{subnets, subnetStatus, "Subnet", lifecycle.Dependants{Store: endpoints.Store, Field: "spec.subnet"}},
+		{droplets, dropletStatus, "Droplet", lifecycle.Dependants{Store: endpoints.Store, Field: "spec.droplet"}},
+	})
 	for resource, newREST := range map[string]func(*runtime.Scheme, generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error){
 		"dividers": divider.NewREST,
 		"bouncers": bouncer.NewREST,
@@ -80,4 +86,29 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 	}
 	info.VersionedResourcesStorageMap[v1alpha1.SchemeGroupVersion.Version] = storage
 	return &info, repairers, nil
+}
+
+// parent is a kind whose objects others depend on (name in a field).
+type parent struct {
+	main       *registry.REST
+	status     *registry.StatusREST
+	kind       string
+	dependants lifecycle.Dependants
+}
+
+// guardParents makes a parent and a child's create one decision: the child's
+// create is written only if its parent is unchanged since it was checked
+// (Reserver.DependOn), the parent holds the operators' finalizer from its
+// create on (with operators), so its delete marks it and waits for the
+// operator's drain, and nothing removes that finalizer while dependants remain
+// (lifecycle.GuardFinalizer, through /status too).
+func (p StorageProvider) guardParents(parents []parent) {
+	for _, pa := range parents {
+		if p.Operators {
+			pa.main.CreateStrategy = lifecycle.WithOperatorFinalizer(pa.main.CreateStrategy)
+		}
+		gk := networking.Kind(pa.kind)
+		lifecycle.GuardFinalizer(pa.main.Store, gk, pa.dependants)
+		lifecycle.GuardFinalizer(pa.status.GenericStore(), gk, pa.dependants)
+	}
 }

@@ -48,6 +48,10 @@ func reserveRange(ctx context.Context, r *registry.Reserver[*networking.Subnet],
 	if errs := validation.ValidateSubnetRelations(s, vpc); len(errs) > 0 {
 		return errs, nil
 	}
+	// Written only if the VPC is still as read: not deleted, not being deleted.
+	if err := r.DependOn(ctx, vpcs, "", vpc.Name, vpc); err != nil {
+		return nil, err
+	}
 	prefix := netip.MustParsePrefix(s.Spec.CIDR)
 	own := keys(s)
 	changing := func() error {
