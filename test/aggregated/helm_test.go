@@ -124,7 +124,7 @@ func TestHelmChart(t *testing.T) {
 	t.Run("Render", func(t *testing.T) {
 		want := map[string]struct{ has, hasNot []string }{
 			"default": {
-				has:    []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "ClusterRole/mz-agent", "Role/mz-agent"},
+				has: []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "ClusterRole/mz-agent", "Role/mz-agent"},
 				// One replica beside the bundled etcd: no budget that would block every drain.
 				hasNot: []string{"APIService/v1alpha1.broker.mizar.dev", "Certificate/mz-serving", "PodDisruptionBudget/mz-apiserver"},
 			},
