@@ -66,7 +66,7 @@ spec:
 	}
 	a, b := boundTo("agent-"+nodeA), boundTo("agent-"+nodeB)
 	// The extra is really there: kube-apiserver says who the token is.
-	if who := a.ok("auth", "whoami", "-o", "jsonpath={.status.userInfo.extra.authentication\\.kubernetes\\.io/node-name}"); !strings.Contains(who, nodeA) {
+	if who := a.ok("auth", "whoami", "-o", "json"); !strings.Contains(who, `"authentication.kubernetes.io/node-name": [`) || !strings.Contains(who, `"`+nodeA+`"`) {
 		t.Fatalf("node-a's token does not carry its node name: %q", who)
 	}
 

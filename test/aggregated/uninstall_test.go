@@ -33,7 +33,9 @@ spec:
     spec: {containers: [{name: agent, image: mizar.dev/mizar-nodeagent:dev}]}
 `, name), "create", "-f", "-")
 	}
-	t.Cleanup(func() { admin.run("", "delete", "daemonset", "-n", "mizar-system", kept, removed, "--ignore-not-found") })
+	t.Cleanup(func() {
+		admin.run("", "delete", "daemonset", "-n", "mizar-system", kept, removed, "--ignore-not-found")
+	})
 	cfg, err := clientcmd.BuildConfigFromFlags("", cl.AdminKubeconfig)
 	if err != nil {
 		t.Fatal(err)
