@@ -113,6 +113,10 @@ func TestHelmChart(t *testing.T) {
 			{"image.tag=", "/image/tag"},
 			{"etcd.servers[0]=http://insecure:2379,etcd.mode=external,etcd.clientSecret=x", "/etcd/servers/0"},
 			{"typo=1", "'typo' not allowed"},
+			// kube-apiserver's port on a control-plane node, where mizar-apiserver runs on the host network.
+			{"apiserver.port=6443", "/apiserver/port"},
+			{"etcd.bundled.persistence=nfs", "/etcd/bundled/persistence"},
+			{"defaultSubnets=null", "defaultSubnets"},
 		} {
 			r := helm(t, "template", "x", chartDir(), "--set", bad.set)
 			if r.err == nil || !strings.Contains(r.stderr, "values don't meet the specifications of the schema") || !strings.Contains(r.stderr, bad.want) {
