@@ -30,19 +30,20 @@ func main() {
 	path := flag.String("path", "", "where the binary goes in the image (its entrypoint)")
 	name := flag.String("name", "", "image reference, e.g. mizar.dev/mizar-apiserver:dev")
 	out := flag.String("out", "", "output tarball")
-	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar-cni=/mizar-cni")
+	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar=/opt/mizar/bin/mizar")
+	user := flag.String("user", "65532:65532", "the image's user (uid:gid); 0:0 for a node agent that loads BPF programs")
 	flag.Parse()
 	if *binary == "" || *path == "" || *name == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "image: --binary, --path, --name and --out are required")
 		os.Exit(2)
 	}
-	if err := run(*binary, *path, *name, *out, *extra); err != nil {
+	if err := run(*binary, *path, *name, *out, *extra, *user); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(binary, path, name, out, extra string) error {
+func run(binary, path, name, out, extra, user string) error {
 	files := map[string]string{path: binary}
 	if extra != "" {
 		for _, kv := range strings.Split(extra, ",") {
@@ -69,8 +70,8 @@ func run(binary, path, name, out, extra string) error {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", "amd64"
-	// Non-root by default, as the chart's securityContext expects.
-	cfg.Config.User = "65532:65532"
+	// Non-root unless asked: the chart's apiserver securityContext expects 65532.
+	cfg.Config.User = user
 	cfg.Config.Entrypoint = []string{path}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("setting the image config: %w", err)
