@@ -30,7 +30,13 @@
  * destination only once it has introduced the sending pod to that host the
  * same way (introduced), INTRODUCE_DELAY_NS earlier, so the peer can check
  * the direct packets. */
-#define MIZAR_OPT_CLASS 0x0111 /* Mizar's Geneve option class */
+/* Option class 0xFF4D ('M'): from 0xFF00..0xFFFF, which IANA's Geneve
+ * option class registry (RFC 8926) leaves for experimental use; the 0x0111
+ * mizar once wrote is another vendor's registered class. Frames of hosts
+ * still writing 0x0111 during an upgrade carry an option that is not
+ * critical and not ours: it is skipped, so they are delivered and relayed
+ * as before and only teach no direct path until every host is upgraded. */
+#define MIZAR_OPT_CLASS 0xFF4D
 #define MIZAR_OPT_SRC_HOST 0x01 /* non-critical: 4 bytes, the sender's host */
 #define SRC_HOST_OPT_LEN 8      /* option header 4 + IPv4 4 */
 #define INTRODUCE_DELAY_NS 5000000ULL /* the introduction's bounced path vs the direct one */

@@ -89,7 +89,7 @@ func hasMAC(set []net.HardwareAddr, m []byte) bool {
 func underlaySeeds(tb testing.TB) [][]byte {
 	in := podPacket("10.1.1.10").frame(tb)
 	opts := fromA(vpc1)
-	opts.options = []*layers.GeneveOption{{Class: 0x0111, Type: 1, Data: []byte{1, 2, 3, 4}}}
+	opts.options = []*layers.GeneveOption{{Class: mizarOptClass, Type: 1, Data: []byte{1, 2, 3, 4}}}
 	return [][]byte{
 		fromA(vpc1).geneve(tb, in),
 		fromA(vpc1).geneve(tb, podPacket("10.1.1.20").frame(tb)),
@@ -134,7 +134,7 @@ func FuzzUnderlay(f *testing.F) {
 		case ret == xdpTX:
 			// A relay writes the sender it verified into mizar's option.
 			stamped := append([]byte(nil), frame...)
-			if frame[42]&0x3f == 2 && binary.BigEndian.Uint16(frame[50:]) == 0x0111 && frame[52] == 1 && frame[53]&0x1f == 1 {
+			if frame[42]&0x3f == 2 && binary.BigEndian.Uint16(frame[50:]) == mizarOptClass && frame[52] == 1 && frame[53]&0x1f == 1 {
 				copy(stamped[54:58], frame[26:30])
 			}
 			if len(out) != len(frame) || !ipv4HeaderOK(out[14:34]) || !bytes.Equal(out[34:40], frame[34:40]) ||

@@ -341,3 +341,29 @@ func TestLearnedPathStaleHost(t *testing.T) {
 		t.Fatalf("A learned %+v, want 10.1.1.20 at D now", l)
 	}
 }
+
+// The option class moved to the experimental range; a host still writing
+// the old class (an upgrade in progress) is delivered and relayed as
+// before, but its option teaches nothing and is not stamped.
+func TestLegacyOptionClassSkipped(t *testing.T) {
+	d := fixture(t)
+	legacy := func(from Hop) []byte {
+		o := fromA(vpc1)
+		o.src, o.srcMAC = from.IP, from.MAC
+		o.options = []*layers.GeneveOption{{Class: legacyOptClass, Type: 0x01, Data: hostA.IP.AsSlice()}}
+		p := podPacket("10.1.1.10")
+		p.src = addr("10.1.1.77")
+		return o.geneve(t, p.frame(t))
+	}
+	delta := counterDelta(t, d)
+	expectVerdict(t, d.UnderlayProgram(), legacy(hostC), xdpRedirect, nil)
+	expectCounts(t, delta().Underlay, "rx", "deliver")
+	if l, _ := d.Learned(); len(l) != 0 {
+		t.Fatalf("learned %v from the legacy option class", l)
+	}
+	// The same from the new class is learned.
+	expectVerdict(t, d.UnderlayProgram(), stampedFrom(t, hostC, hostA.IP, "10.1.1.77", "10.1.1.10"), xdpRedirect, nil)
+	if l, _ := d.Learned(); len(l) != 1 || l[0].HostIP != hostA.IP {
+		t.Fatalf("learned %+v, want 10.1.1.77 at A", l)
+	}
+}

@@ -45,7 +45,7 @@ func TestUnderlayDecapSkipsNonCriticalOptions(t *testing.T) {
 	d := fixture(t)
 	in := podPacket("10.1.1.10").frame(t)
 	o := fromA(vpc1)
-	o.options = []*layers.GeneveOption{{Class: 0x0111, Type: 0x01, Data: []byte{1, 2, 3, 4, 5, 6, 7, 8}}}
+	o.options = []*layers.GeneveOption{{Class: mizarOptClass, Type: 0x01, Data: []byte{1, 2, 3, 4, 5, 6, 7, 8}}}
 	expectVerdict(t, d.UnderlayProgram(), o.geneve(t, in), xdpRedirect, withMACs(in, pod1.MAC, nil))
 
 	o.critical = true

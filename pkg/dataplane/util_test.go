@@ -298,9 +298,16 @@ func (o outer) geneve(tb testing.TB, innerFrame []byte) []byte {
 	return serialize(tb, true, eth, ip, gopacket.Payload(l4))
 }
 
+// mizarOptClass is MIZAR_OPT_CLASS (bpf/include/mizar.h): an experimental
+// Geneve option class; legacyOptClass is the one mizar wrote before.
+const (
+	mizarOptClass  = 0xFF4D
+	legacyOptClass = 0x0111
+)
+
 // srcHostOption is mizar's Geneve option naming the sending host.
 func srcHostOption(host netip.Addr) []*layers.GeneveOption {
-	return []*layers.GeneveOption{{Class: 0x0111, Type: 0x01, Data: host.AsSlice()}}
+	return []*layers.GeneveOption{{Class: mizarOptClass, Type: 0x01, Data: host.AsSlice()}}
 }
 
 // withMACs returns a copy of an Ethernet frame with new MACs (nil = keep).
