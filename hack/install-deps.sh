@@ -9,6 +9,7 @@ packages=(
   iputils-ping                  # ping between pods in the dataplane netns test
   jq                            # make up reads cnitool's results
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
+  nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
 )
 
 missing=()
