@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -123,5 +124,53 @@ func TestHostPathUnderlay(t *testing.T) {
 		if got := delta().Underlay; got[c.counter] != 1 {
 			t.Errorf("%s: counters %v, want %s", c.name, got, c.counter)
 		}
+	}
+}
+
+// BenchmarkHostPathPrograms: the fast paths of BenchmarkPrograms with a host
+// path set (its lookups sit only on a flow's first packet and on packets
+// to the host, so these must not move), and the host path's own paths.
+// Same method: kernel-measured ns per run, interleaved with an empty
+// program of the hook (x-empty-hook).
+func BenchmarkHostPathPrograms(b *testing.B) {
+	d := hostPathFixture(b)
+	var pass passObjects
+	must(b, loadPassObjects(&pass, nil))
+	b.Cleanup(func() { _ = pass.Close() })
+	hostTraffic := podPacket(pod1.IP.String())
+	hostTraffic.src = hostA.IP
+	for _, c := range []struct {
+		name    string
+		prog    *ebpf.Program
+		frame   []byte
+		verdict uint32
+	}{
+		{"underlay/decap-deliver", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket("10.1.1.10").frame(b)), xdpRedirect},
+		{"underlay/bouncer", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket("10.1.1.20").frame(b)), xdpTX},
+		{"pod/encap-bouncer", d.PodProgram(), fromPod1("10.1.1.30").frame(b), tcRedirect},
+		{"pod/encap-direct", d.PodProgram(), fromPod1(epRemote.IP.String()).frame(b), tcRedirect},
+		{"pod/same-host", d.PodProgram(), fromPod1(epLocal.IP.String()).frame(b), tcRedirect},
+		{"hostpath/pod-to-service", d.PodProgram(), fromPod1("10.96.0.10").frame(b), tcOK},
+		{"hostpath/pod-to-droplet", d.PodProgram(), fromPod1(hostA.IP.String()).frame(b), tcRedirect},
+		{"hostpath/underlay-to-host", d.UnderlayProgram(), fromA(vpc1).geneve(b, podPacket(hostH.IP.String()).frame(b)), xdpRedirect},
+		{"hostpath/underlay-host-traffic", d.UnderlayProgram(), fromA(vpc1).geneve(b, hostTraffic.frame(b)), xdpRedirect},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			if ret, _ := run(b, c.prog, c.frame); ret != c.verdict {
+				b.Fatalf("verdict %s, want %s: not the path this case measures", verdictName(c.prog, ret), verdictName(c.prog, c.verdict))
+			}
+			empty := pass.MizarXdpPass
+			if c.prog.Type() == ebpf.SchedCLS {
+				empty = pass.MizarTcPass
+			}
+			var progT, emptyT []time.Duration
+			for b.Loop() {
+				progT = append(progT, benchOnce(b, c.prog, c.frame))
+				emptyT = append(emptyT, benchOnce(b, empty, c.frame))
+			}
+			per, hook := midMean(progT), midMean(emptyT)
+			b.ReportMetric(per, "ns/op")
+			b.ReportMetric(per/hook, "x-empty-hook")
+		})
 	}
 }
