@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -65,6 +66,10 @@ type HostPath struct {
 	HostIP netip.Addr
 	// MTU of the host device: the pods' (PodMTU).
 	MTU int
+	// PodIfPrefix starts the name of every pod's host-side veth: the host
+	// VPC's pods are not forwarded to another VPC's pods on this node (the
+	// node routes every local pod for its probes). Empty: no such rule.
+	PodIfPrefix string
 }
 
 func (hp HostPath) validate() error {
@@ -86,6 +91,9 @@ func (hp HostPath) validate() error {
 	}
 	if hp.MTU < 68 {
 		return fmt.Errorf("host path MTU %d: at least 68", hp.MTU)
+	}
+	if err := checkIfname(hp.PodIfPrefix + "x"); hp.PodIfPrefix != "" && (err != nil || strings.ContainsAny(hp.PodIfPrefix, `"*\`)) {
+		return fmt.Errorf("host path: pod interface prefix %q is no interface name prefix", hp.PodIfPrefix)
 	}
 	return nil
 }
@@ -297,6 +305,10 @@ func syncHostPathRules(ctx context.Context, hp HostPath) error {
 			"pods of other VPCs reach this node, never through it"},
 	} {
 		tx.Add(&knftables.Rule{Chain: r.chain, Rule: r.rule, Comment: knftables.PtrTo(r.why)})
+	}
+	if hp.PodIfPrefix != "" {
+		tx.Add(&knftables.Rule{Chain: "forward", Rule: fmt.Sprintf("meta mark & %#x == %#x oifname %q ip daddr != %s counter drop",
+			MarkHostVPC, MarkHostVPC, hp.PodIfPrefix+"*", cidr), Comment: knftables.PtrTo("the host VPC's pods never reach other VPCs' pods through this node")})
 	}
 	if err := nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("nftables table %s: %w", HostPathTable, err)

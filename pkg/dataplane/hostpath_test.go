@@ -47,11 +47,11 @@ func TestHostPath(t *testing.T) {
 			}
 		}
 		h.ns.do(t, func() error {
-			return h.dp.SetHostPath(ctx, HostPath{VNI: vpc1, CIDR: hostCIDR, HostIP: h.ip, MTU: podMTU})
+			return h.dp.SetHostPath(ctx, HostPath{VNI: vpc1, CIDR: hostCIDR, HostIP: h.ip, MTU: podMTU, PodIfPrefix: "mz"})
 		})
 		// Idempotent: a restarted agent sets it again.
 		h.ns.do(t, func() error {
-			return h.dp.SetHostPath(ctx, HostPath{VNI: vpc1, CIDR: hostCIDR, HostIP: h.ip, MTU: podMTU})
+			return h.dp.SetHostPath(ctx, HostPath{VNI: vpc1, CIDR: hostCIDR, HostIP: h.ip, MTU: podMTU, PodIfPrefix: "mz"})
 		})
 	}
 	// After loadMizar: no droplet of A or B. It is the nodes' way out.
@@ -60,7 +60,7 @@ func TestHostPath(t *testing.T) {
 		must(t, h.ns.nl.RouteAdd(&netlink.Route{Gw: O.ip.AsSlice(), LinkIndex: h.ulIndex}))
 	}
 
-	for _, p := range []*testPod{a, a2, b} {
+	for _, p := range []*testPod{a, a2, b, x} {
 		serveWho(t, p.ns, p.name, netip.AddrPortFrom(p.ip, identityPort))
 	}
 	serveWho(t, A.ns, "A", netip.AddrPortFrom(A.ip, 7001))
@@ -71,10 +71,12 @@ func TestHostPath(t *testing.T) {
 	// NodePort, on node A: PREROUTING for pods and outside clients, OUTPUT
 	// for the node's own.
 	svcB, svcA2 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")
+	svcX := netip.MustParseAddr("10.96.0.12") // a Service whose endpoint is another VPC's pod
 	for _, chain := range []string{"PREROUTING", "OUTPUT"} {
 		iptables(t, A, "-t", "nat", "-A", chain, "-d", svcB.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", b.ip, identityPort))
 		iptables(t, A, "-t", "nat", "-A", chain, "-d", svcB.String(), "-p", "udp", "--dport", "53", "-j", "DNAT", "--to-destination", b.ip.String()+":5353")
 		iptables(t, A, "-t", "nat", "-A", chain, "-d", svcA2.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", a2.ip, identityPort))
+		iptables(t, A, "-t", "nat", "-A", chain, "-d", svcX.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", x.ip, identityPort))
 	}
 	iptables(t, A, "-t", "nat", "-A", "PREROUTING", "-d", A.ip.String(), "-p", "tcp", "--dport", "30080", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", b.ip, identityPort))
 
@@ -113,6 +115,14 @@ func TestHostPath(t *testing.T) {
 			if c, err := x.ns.dial(shortCtx(t), dst.String()); err == nil {
 				c.Close()
 				t.Errorf("pod x of VPC %d reached %s", vpc2, dst)
+			}
+		}
+		// Nor does the host VPC reach x through the node, directly or as a
+		// Service's endpoint (the node routes x for its probes).
+		for _, dst := range []netip.AddrPort{netip.AddrPortFrom(x.ip, identityPort), netip.AddrPortFrom(svcX, 80)} {
+			if c, err := a.ns.dial(shortCtx(t), dst.String()); err == nil {
+				c.Close()
+				t.Errorf("pod a of the host VPC reached %s of VPC %d", dst, vpc2)
 			}
 		}
 		if got := delta().Pod; got["to_host"] == 0 || got["drop_unknown_dst"]+got["drop_unknown_vni"] == 0 {
@@ -168,6 +178,8 @@ func TestHostPathRefusesBadConfig(t *testing.T) {
 		{VNI: vpc1, CIDR: netip.MustParsePrefix("198.18.0.0/16"), HostIP: hostH.IP, MTU: 1450},
 		{VNI: vpc1, CIDR: netip.MustParsePrefix("10.1.0.0/16"), MTU: 1450},
 		{VNI: vpc1, CIDR: netip.MustParsePrefix("10.1.0.0/16"), HostIP: hostH.IP, MTU: 0},
+		{VNI: vpc1, CIDR: netip.MustParsePrefix("10.1.0.0/16"), HostIP: hostH.IP, MTU: 1450, PodIfPrefix: `mz" accept; #`},
+		{VNI: vpc1, CIDR: netip.MustParsePrefix("10.1.0.0/16"), HostIP: hostH.IP, MTU: 1450, PodIfPrefix: "0123456789abcdef"},
 	} {
 		if err := d.SetHostPath(ctx, hp); err == nil {
 			t.Errorf("SetHostPath(%+v) accepted", hp)

@@ -99,7 +99,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
-		kick:   make(chan struct{}, 1), hostVPC: o.HostVPC, podMTU: o.PodMTU,
+		kick: make(chan struct{}, 1), hostVPC: o.HostVPC, podMTU: o.PodMTU,
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{

@@ -28,7 +28,8 @@ func (d *Datapath) hostPathWanted() (dataplane.HostPath, error) {
 	if err != nil {
 		return dataplane.HostPath{}, fmt.Errorf("host VPC %s: CIDR %q: %w", d.hostVPC, v.Spec.CIDR, err)
 	}
-	return dataplane.HostPath{VNI: uint32(v.Spec.VNI), CIDR: cidr.Masked(), HostIP: d.hostIP, MTU: d.podMTU}, nil
+	return dataplane.HostPath{VNI: uint32(v.Spec.VNI), CIDR: cidr.Masked(), HostIP: d.hostIP, MTU: d.podMTU,
+		PodIfPrefix: podIfPrefix}, nil
 }
 
 // syncHostPath brings the host path in line with the host VPC; called with
