@@ -25,6 +25,8 @@
 #include "pkt.h"
 #include "route.h" /* which includes this file where its pod route needs it */
 
+static __always_inline int is_relay(__u32 vni, __u32 ip);
+
 struct hostpath_cfg {
 	__u32 vni;         /* the host VPC; 0 = no host path */
 	__u8 cidr[4];      /* its CIDR, masked */
@@ -65,9 +67,13 @@ static __always_inline int hostpath_outside(__u32 vni, __u32 daddr)
 }
 
 /* Pod side, a flow's first packet: a host-VPC pod's destination outside
- * its VPC is another droplet (straight to it, in the host VPC) or the host
- * stack's. Returns 1 when it decided r. */
-static __always_inline int hostpath_pod_route(struct route *r, __u32 vni, __u32 daddr, __u64 gen)
+ * its VPC is another droplet or the host stack's. To a droplet it goes as
+ * to a pod of it: through a divider of the VPC, which vouches for the pod
+ * (the droplet may know no pod of this host) and introduces it, or
+ * straight there from a relay, whose word is trusted, or where the VPC has
+ * no divider. Returns 1 when it decided r. */
+static __always_inline int hostpath_pod_route(struct route *r, __u32 vni, __u32 daddr, __u32 pick, __u32 self,
+					      __u64 gen)
 {
 	if (!hostpath_outside(vni, daddr))
 		return 0;
@@ -76,6 +82,12 @@ static __always_inline int hostpath_pod_route(struct route *r, __u32 vni, __u32 
 
 	if (!d) {
 		r->kind = RT_HOST;
+		return 1;
+	}
+	struct vpc *vp = bpf_map_lookup_elem(&vpcs, &vni);
+
+	if (vp && vp->ndividers && !is_relay(vni, self)) {
+		pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 		return 1;
 	}
 	store_u32(r->next.ip, daddr);
@@ -95,13 +107,28 @@ static __always_inline void hostpath_mark(struct __sk_buff *skb, __u32 vni)
 }
 
 /* Underlay: a host-VPC packet addressed to this droplet goes into the host
- * stack through the host device. Returns 1 when it decided r. */
-static __always_inline int hostpath_to_host(struct route *r, __u32 vni, __u32 daddr, __u32 self)
+ * stack through the host device; one addressed to another droplet (a pod's
+ * to that droplet, through this relay) goes on to it. Returns 1 when it
+ * decided r. */
+static __always_inline int hostpath_underlay_route(struct route *r, __u32 vni, __u32 daddr, __u32 self,
+						   __u64 gen)
 {
 	const struct hostpath_cfg *hp = hostpath_get();
 
-	if (!hp || hp->vni != vni || daddr != self)
+	if (!hp || hp->vni != vni)
 		return 0;
+	if (daddr != self) {
+		const struct droplet *d = droplet_lookup(daddr, gen);
+
+		if (!d)
+			return 0;
+		__builtin_memset(r, 0, sizeof(*r));
+		store_u32(r->next.ip, daddr);
+		copy_mac(r->next.mac, d->mac);
+		r->kind = RT_REMOTE;
+		r->via = VIA_ENDPOINT;
+		return 1;
+	}
 	__builtin_memset(r, 0, sizeof(*r));
 	if (!hp->dev_ifindex) {
 		r->via = VIA_UNKNOWN_DST;
@@ -117,11 +144,13 @@ static __always_inline int hostpath_to_host(struct route *r, __u32 vni, __u32 da
 
 /* Underlay: "host traffic", a droplet's host stack speaking for itself in
  * the host VPC (inner source = outer source, which the caller checked is a
- * known droplet), to be delivered to a pod or relayed, never into this
- * host's stack. */
-static __always_inline int hostpath_from_host(const struct route *r, __u32 vni, __u32 osrc, __u32 isrc)
+ * known droplet), to be delivered to a pod or relayed toward one, never
+ * into this host's stack nor on to another droplet's. */
+static __always_inline int hostpath_from_host(const struct route *r, __u32 vni, __u32 osrc, __u32 isrc, __u32 idst,
+					      __u64 gen)
 {
 	const struct hostpath_cfg *hp = hostpath_get();
 
-	return hp && hp->vni == vni && osrc == isrc && !(r->kind == RT_LOCAL && r->ifindex == hp->dev_ifindex);
+	return hp && hp->vni == vni && osrc == isrc && !(r->kind == RT_LOCAL && r->ifindex == hp->dev_ifindex) &&
+	       !droplet_lookup(idst, gen);
 }

@@ -303,3 +303,50 @@ func udpAsk(t *testing.T, n *netNS, dst netip.AddrPort, msg string) string {
 	t.Fatalf("%s -> %s: no UDP answer", n.name, dst)
 	return ""
 }
+
+// Where a node knows no remote pod (its agent follows only its own
+// endpoints), its host traffic goes through the VPC's relay C, as its pods'
+// does: C vouches for A as it does for A's pods, and B's reply to A's
+// address goes straight to A. Learning stays on, as in production.
+func TestHostPathBounced(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B", "C"}, []podSpec{
+		{"a", "A", vpc1, "10.1.1.10/24"},
+		{"b", "B", vpc1, "10.1.1.20/24"},
+	})
+	A, C := tn.hosts["A"], tn.hosts["C"]
+	a, b := tn.pods["a"], tn.pods["b"]
+	tn.wireMode(t)
+	tn.mizarOneSubnet(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, h := range tn.order {
+		must(t, h.dp.SetHostAddrs([]netip.Addr{h.ip}))
+		for _, p := range tn.pods {
+			if p.host == h {
+				podHostRoute(t, p)
+			}
+		}
+		h.ns.do(t, func() error {
+			return h.dp.SetHostPath(ctx, HostPath{VNI: vpc1, CIDR: netip.MustParsePrefix("10.1.0.0/16"), HostIP: h.ip, MTU: podMTU, PodIfPrefix: "mz"})
+		})
+	}
+	serveWho(t, b.ns, "b", netip.AddrPortFrom(b.ip, identityPort))
+	serveWho(t, A.ns, "A", netip.AddrPortFrom(A.ip, 7001))
+	svc := netip.MustParseAddr("10.96.0.10")
+	// The node's default route (to any router): its own Service clients
+	// need a route before OUTPUT's DNAT.
+	must(t, A.ns.nl.RouteAdd(&netlink.Route{Gw: C.ip.AsSlice(), LinkIndex: A.ulIndex}))
+	iptables(t, A, "-t", "nat", "-A", "PREROUTING", "-d", svc.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", b.ip, identityPort))
+	iptables(t, A, "-t", "nat", "-A", "OUTPUT", "-d", svc.String(), "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", fmt.Sprintf("%s:%d", b.ip, identityPort))
+
+	relayed := counterDelta(t, C.dp)
+	for range 3 {
+		expectWho(t, A.ns, netip.AddrPortFrom(b.ip, identityPort), "b", A.ip)
+		expectWho(t, A.ns, netip.AddrPortFrom(svc, 80), "b", A.ip)
+		expectWho(t, a.ns, netip.AddrPortFrom(svc, 80), "b", A.ip)
+		expectWho(t, b.ns, netip.AddrPortFrom(A.ip, 7001), "A", b.ip)
+	}
+	if got := relayed().Underlay; got["fwd_endpoint"] == 0 {
+		t.Errorf("relay C's counters %v: want A's host traffic forwarded", got)
+	}
+}
