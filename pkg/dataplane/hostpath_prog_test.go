@@ -57,6 +57,13 @@ func TestHostPathPod(t *testing.T) {
 		t.Fatal("no Geneve to A")
 	}
 
+	// From a host that is no relay of the VPC: through its divider C,
+	// which vouches for the pod (A may know no pod of H).
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostC.IP, hostD.IP}))
+	out = expectVerdict(t, d.PodProgram(), p.frame(t), tcRedirect, nil)
+	expectGeneve(t, [][]byte{out}, &testHost{ip: hostH.IP, mac: hostH.MAC}, &testHost{ip: hostC.IP, mac: hostC.MAC}, vpc1, pod1.IP, hostA.IP)
+	must(t, d.SetRelays(vpc1, []netip.Addr{hostB.IP, hostC.IP, hostD.IP, hostH.IP}))
+
 	// Inside the VPC nothing changes: an unknown address goes to the
 	// divider, as without a host path.
 	expectVerdict(t, d.PodProgram(), fromPod1("10.1.9.9").frame(t), tcRedirect, nil)
@@ -97,6 +104,13 @@ func TestHostPathUnderlay(t *testing.T) {
 	expectVerdict(t, prog, fromA(vpc1).geneve(t, in), xdpRedirect, withMACs(in, hostDevMAC, nil))
 	expectCounts(t, delta().Underlay, "rx", "deliver")
 
+	// H relays: A's pod to B's address goes on to B, under H's address.
+	toB := fromA(vpc1).geneve(t, podPacket(hostB.IP.String()).frame(t))
+	delta = counterDelta(t, d)
+	out := expectVerdict(t, prog, toB, xdpTX, nil)
+	expectCounts(t, delta().Underlay, "rx", "fwd_endpoint")
+	expectGeneve(t, [][]byte{out}, &testHost{ip: hostH.IP, mac: hostH.MAC}, &testHost{ip: hostB.IP, mac: hostB.MAC}, vpc1, addr("10.1.1.99"), hostB.IP)
+
 	// A's host stack to pod1 (host traffic): delivered.
 	host := podPacket(pod1.IP.String())
 	host.src = hostA.IP
@@ -114,6 +128,7 @@ func TestHostPathUnderlay(t *testing.T) {
 		{"A speaking as B", hostB.IP.String(), pod1.IP.String(), vpc1, "drop_src_unknown"},
 		// Host to host is the underlay's business, not the overlay's.
 		{"A's host to this host", hostA.IP.String(), hostH.IP.String(), vpc1, "drop_src_unknown"},
+		{"A's host to B's, relayed", hostA.IP.String(), hostB.IP.String(), vpc1, "drop_src_unknown"},
 	} {
 		p := podPacket(c.dst)
 		p.src = addr(c.src)

@@ -88,6 +88,22 @@ func TestHostPath(t *testing.T) {
 			t.Errorf("UDP ClusterIP from a: %q, want %q", got, "b ping")
 		}
 	})
+	t.Run("ClusterIP in kube-proxy's nftables mode", func(t *testing.T) {
+		// Its own table, DNAT at dstnat priority, as kube-proxy's
+		// nftables mode writes it.
+		svc := netip.MustParseAddr("10.96.0.13")
+		for _, cmd := range [][]string{
+			{"add", "table", "ip", "kube-proxy-emulated"},
+			{"add", "chain", "ip", "kube-proxy-emulated", "nat-prerouting", "{ type nat hook prerouting priority dstnat; }"},
+			{"add", "rule", "ip", "kube-proxy-emulated", "nat-prerouting", "ip", "daddr", svc.String(), "tcp", "dport", "80",
+				"dnat", "to", fmt.Sprintf("%s:%d", b.ip, identityPort)},
+		} {
+			if out, err := A.ns.exec(ctx, "nft", cmd...); err != nil {
+				t.Fatalf("nft %v: %v: %s", cmd, err, out)
+			}
+		}
+		expectWho(t, a.ns, netip.AddrPortFrom(svc, 80), "b", A.ip)
+	})
 	t.Run("ClusterIP to a pod of the same node", func(t *testing.T) {
 		expectWho(t, a.ns, netip.AddrPortFrom(svcA2, 80), "a2", A.ip)
 	})
