@@ -10,6 +10,7 @@ packages=(
   jq                            # make up reads cnitool's results
   protobuf-compiler             # protoc for go-to-protobuf in hack/update-codegen.sh (make codegen/verify)
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
+  nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
 )
 
 missing=()

@@ -216,7 +216,11 @@ func attachmentID(containerID, ifname string) string {
 }
 
 // names derives the endpoint and host veth names from the attachment.
-func names(id string) (endpoint, hostIf string) { return "cni-" + id, "mz" + id[:13] }
+func names(id string) (endpoint, hostIf string) { return "cni-" + id, podIfPrefix + id[:13] }
+
+// podIfPrefix starts every pod's host-side veth name (the host path's
+// rules match it).
+const podIfPrefix = "mz"
 
 func (s *CNIServer) lock(id string) func() {
 	s.mu.Lock()

@@ -172,16 +172,17 @@ func (c *podCluster) writeConflist(n *node, name, conf string) {
 	}
 }
 
-// startAgent starts n's mizar-nodeagent and waits until its droplet is
-// Provisioned and its CNI socket answers STATUS.
-func (c *podCluster) startAgent(n *node) {
+// startAgent starts n's mizar-nodeagent, with extra flags if given, and
+// waits until its droplet is Provisioned and its CNI socket answers STATUS.
+func (c *podCluster) startAgent(n *node, extra ...string) {
 	c.t.Helper()
 	var err error
+	args := append([]string{"--kubeconfig", filepath.Join(n.dir, "kubeconfig"), "--droplet", n.name, "--node-name", n.name,
+		"--host-netns", "/run/netns/" + n.ns, "--underlay", "eth0", "--xdp-generic", "--pin-root", n.pins,
+		"--cni-socket", n.socket, "--cni-delete-queue", n.queue, "--cni-state-dir", n.state,
+		"--health-addr", n.health}, extra...)
 	n.agent, err = cluster.StartProc("mizar-nodeagent "+n.name, filepath.Join(n.dir, fmt.Sprintf("nodeagent-%d.log", time.Now().UnixNano())),
-		exec.Command(filepath.Join(c.bin, "mizar-nodeagent"), "--kubeconfig", filepath.Join(n.dir, "kubeconfig"), "--droplet", n.name, "--node-name", n.name,
-			"--host-netns", "/run/netns/"+n.ns, "--underlay", "eth0", "--xdp-generic", "--pin-root", n.pins,
-			"--cni-socket", n.socket, "--cni-delete-queue", n.queue, "--cni-state-dir", n.state,
-			"--health-addr", n.health))
+		exec.Command(filepath.Join(c.bin, "mizar-nodeagent"), args...))
 	if err != nil {
 		c.t.Fatal(err)
 	}
