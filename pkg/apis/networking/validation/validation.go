@@ -356,6 +356,10 @@ func validateInterfaceName(value string, path *field.Path) field.ErrorList {
 		return field.ErrorList{field.TooLong(path, value, maxInterfaceName)}
 	case value == "." || value == ".." || strings.ContainsAny(value, "/: \t\n"):
 		return field.ErrorList{field.Invalid(path, value, "must be a Linux interface name (no '/', ':' or whitespace)")}
+	case strings.IndexFunc(value, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0:
+		// NUL ends the name the kernel sees; control and non-ASCII bytes pass the
+		// kernel but break every tool that prints or matches the name.
+		return field.ErrorList{field.Invalid(path, value, "must be printable ASCII (no NUL, control or non-ASCII characters)")}
 	}
 	return nil
 }
