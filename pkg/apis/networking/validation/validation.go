@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -240,6 +241,36 @@ func ValidateProvisioningStatus(st *networking.ProvisioningStatus, generation in
 		errs = append(errs, field.Invalid(ogPath, st.ObservedGeneration, fmt.Sprintf("must not exceed metadata.generation (%d)", generation)))
 	}
 	errs = append(errs, metav1validation.ValidateConditions(st.Conditions, statusPath.Child("conditions"))...)
+	return errs
+}
+
+// ValidateWatermark checks an agent's watermark (status.appliedResourceVersion):
+// empty, or the decimal resourceVersion its operator compares with others.
+func ValidateWatermark(rv string, path *field.Path) field.ErrorList {
+	if rv == "" {
+		return nil
+	}
+	if _, err := strconv.ParseUint(rv, 10, 64); err != nil {
+		return field.ErrorList{field.Invalid(path, rv, "must be a resourceVersion: a decimal number")}
+	}
+	return nil
+}
+
+// ValidateSubnetWatermarks checks a divider's per-subnet watermarks: one per
+// subnet (the list's map key), each a resourceVersion.
+func ValidateSubnetWatermarks(marks []networking.SubnetWatermark) field.ErrorList {
+	var errs field.ErrorList
+	path := statusPath.Child("appliedResourceVersions")
+	seen := sets.New[string]()
+	for i, m := range marks {
+		p := path.Index(i)
+		errs = append(errs, validateReference(m.Subnet, true, p.Child("subnet"))...)
+		if seen.Has(m.Subnet) {
+			errs = append(errs, field.Duplicate(p.Child("subnet"), m.Subnet))
+		}
+		seen.Insert(m.Subnet)
+		errs = append(errs, ValidateWatermark(m.ResourceVersion, p.Child("resourceVersion"))...)
+	}
 	return errs
 }
 

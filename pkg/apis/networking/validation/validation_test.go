@@ -354,3 +354,23 @@ func TestValidateProvisioningStatus(t *testing.T) {
 		})
 	}
 }
+
+// Watermarks are resourceVersions: "abc" and a subnet listed twice (the
+// list's map key) are refused.
+func TestValidateWatermarks(t *testing.T) {
+	path := field.NewPath("status", "appliedResourceVersion")
+	if errs := ValidateWatermark("", path); len(errs) > 0 {
+		t.Errorf("empty watermark: %v", errs)
+	}
+	if errs := ValidateWatermark("12345", path); len(errs) > 0 {
+		t.Errorf("watermark 12345: %v", errs)
+	}
+	if errs := ValidateWatermark("abc", path); len(errs) != 1 || errs[0].Field != "status.appliedResourceVersion" {
+		t.Errorf("watermark abc: got %v, want one error at status.appliedResourceVersion", errs)
+	}
+	errs := ValidateSubnetWatermarks([]networking.SubnetWatermark{{Subnet: "a", ResourceVersion: "1"}, {Subnet: "a", ResourceVersion: "2"}, {Subnet: "b", ResourceVersion: "x"}})
+	if len(errs) != 2 || errs[0].Type != field.ErrorTypeDuplicate || errs[0].Field != "status.appliedResourceVersions[1].subnet" ||
+		errs[1].Field != "status.appliedResourceVersions[2].resourceVersion" {
+		t.Errorf("divider watermarks: got %v, want a duplicate subnet at [1] and a bad resourceVersion at [2]", errs)
+	}
+}
