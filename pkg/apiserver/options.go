@@ -298,7 +298,7 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg := NewRecommendedConfig()
 	chain := cfg.BuildHandlerChainFunc
 	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
-		return withBodyDeadline(chain(h, c), o.RequestBodyTimeout)
+		return withBodyDeadline(chain(withQueryChecks(h), c), o.RequestBodyTimeout)
 	}
 	cfg.MaxRequestsInFlight, cfg.MaxMutatingRequestsInFlight = o.MaxRequestsInFlight, o.MaxMutatingRequestsInFlight
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
@@ -331,7 +331,7 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}
+	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NoGarbageCollector: o.Standalone}
 	if o.Operators {
 		serverCfg.Operators = client
 		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst

@@ -38,6 +38,8 @@ type Config struct {
 	// (client-go's defaults when 0).
 	OperatorsClientQPS   float32
 	OperatorsClientBurst int
+	// NoGarbageCollector: no garbage collector serves this server (standalone).
+	NoGarbageCollector bool
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -87,7 +89,8 @@ func (c *Config) New() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)
 	}
-	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims, Operators: c.Operators != nil}.
+	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims, Operators: c.Operators != nil,
+		NoGarbageCollector: c.NoGarbageCollector}.
 		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
