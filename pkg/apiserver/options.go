@@ -313,6 +313,10 @@ func (o *Options) Run(ctx context.Context) error {
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
 	claims.SetObjectPrefix(o.EtcdPrefix())
+	// Other replicas' claims reach this one's allocation indexes.
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	cleanups = append(cleanups, stopFollowing)
+	go claims.Follow(followCtx)
 	if o.ClaimOrphanGrace > 0 {
 		claims.SetOrphanGrace(o.ClaimOrphanGrace)
 	}
@@ -320,7 +324,7 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg := NewRecommendedConfig()
 	chain := cfg.BuildHandlerChainFunc
 	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
-		return withBodyDeadline(chain(h, c), o.RequestBodyTimeout)
+		return withBodyDeadline(chain(withQueryChecks(h), c), o.RequestBodyTimeout)
 	}
 	cfg.MaxRequestsInFlight, cfg.MaxMutatingRequestsInFlight = o.MaxRequestsInFlight, o.MaxMutatingRequestsInFlight
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
@@ -357,7 +361,8 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NodeAgentServiceAccounts: agentSAs}
+	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NodeAgentServiceAccounts: agentSAs,
+		NoGarbageCollector: o.Standalone}
 	if o.Operators {
 		serverCfg.Operators = client
 		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst

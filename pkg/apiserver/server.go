@@ -41,6 +41,8 @@ type Config struct {
 	// NodeAgentServiceAccounts are the user names of the node agents'
 	// ServiceAccounts, whose writes dropletrestriction binds to their token's node.
 	NodeAgentServiceAccounts []string
+	// NoGarbageCollector: no garbage collector serves this server (standalone).
+	NoGarbageCollector bool
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -90,7 +92,8 @@ func (c *Config) New() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the generic server: %w", err)
 	}
-	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims, Operators: c.Operators != nil}.
+	networking, repairers, err := networkingrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims, Operators: c.Operators != nil,
+		NoGarbageCollector: c.NoGarbageCollector}.
 		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)

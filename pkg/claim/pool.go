@@ -82,19 +82,25 @@ func sameRange(a, b Range) bool {
 
 // released frees the value of key in its range's index, if it is indexed here.
 func (ps *pools) released(key string) {
+	if p, v, ok := ps.lookup(key); ok {
+		p.free(v)
+	}
+}
+
+// lookup finds the index holding key and the value key names.
+func (ps *pools) lookup(key string) (*pool, uint32, bool) {
 	i := strings.LastIndexByte(key, '/')
 	if i < 0 {
-		return
+		return nil, 0, false
 	}
 	ps.mu.Lock()
 	p := ps.m[key[:i+1]]
 	ps.mu.Unlock()
 	if p == nil {
-		return
+		return nil, 0, false
 	}
-	if v, ok := p.r.Parse(key[i+1:]); ok {
-		p.free(v)
-	}
+	v, ok := p.r.Parse(key[i+1:])
+	return p, v, ok
 }
 
 func (ps *pools) forget(prefix string) {

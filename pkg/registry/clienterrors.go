@@ -33,6 +33,9 @@ type ClientErrors struct {
 	// Encoder encodes a stored object as clients see it, so a JSON patch can be
 	// re-applied to what the client patched.
 	Encoder runtime.Encoder
+	// NoGarbageCollector: no collector runs for this server (standalone), so
+	// deletes that need one are refused (refuseWithoutCollector).
+	NoGarbageCollector bool
 }
 
 // Wrap returns the main storage of a resource with the checks on its updates.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -243,6 +244,36 @@ func ValidateProvisioningStatus(st *networking.ProvisioningStatus, generation in
 	return errs
 }
 
+// ValidateWatermark checks an agent's watermark (status.appliedResourceVersion):
+// empty, or the decimal resourceVersion its operator compares with others.
+func ValidateWatermark(rv string, path *field.Path) field.ErrorList {
+	if rv == "" {
+		return nil
+	}
+	if _, err := strconv.ParseUint(rv, 10, 64); err != nil {
+		return field.ErrorList{field.Invalid(path, rv, "must be a resourceVersion: a decimal number")}
+	}
+	return nil
+}
+
+// ValidateSubnetWatermarks checks a divider's per-subnet watermarks: one per
+// subnet (the list's map key), each a resourceVersion.
+func ValidateSubnetWatermarks(marks []networking.SubnetWatermark) field.ErrorList {
+	var errs field.ErrorList
+	path := statusPath.Child("appliedResourceVersions")
+	seen := sets.New[string]()
+	for i, m := range marks {
+		p := path.Index(i)
+		errs = append(errs, validateReference(m.Subnet, true, p.Child("subnet"))...)
+		if seen.Has(m.Subnet) {
+			errs = append(errs, field.Duplicate(p.Child("subnet"), m.Subnet))
+		}
+		seen.Insert(m.Subnet)
+		errs = append(errs, ValidateWatermark(m.ResourceVersion, p.Child("resourceVersion"))...)
+	}
+	return errs
+}
+
 func validateMeta(meta *metav1.ObjectMeta, namespaced bool) field.ErrorList {
 	return apimachineryvalidation.ValidateObjectMeta(meta, namespaced, apimachineryvalidation.NameIsDNSSubdomain, metaPath)
 }
@@ -356,6 +387,10 @@ func validateInterfaceName(value string, path *field.Path) field.ErrorList {
 		return field.ErrorList{field.TooLong(path, value, maxInterfaceName)}
 	case value == "." || value == ".." || strings.ContainsAny(value, "/: \t\n"):
 		return field.ErrorList{field.Invalid(path, value, "must be a Linux interface name (no '/', ':' or whitespace)")}
+	case strings.IndexFunc(value, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0:
+		// NUL ends the name the kernel sees; control and non-ASCII bytes pass the
+		// kernel but break every tool that prints or matches the name.
+		return field.ErrorList{field.Invalid(path, value, "must be printable ASCII (no NUL, control or non-ASCII characters)")}
 	}
 	return nil
 }

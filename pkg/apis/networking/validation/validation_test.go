@@ -231,6 +231,9 @@ func TestValidateEndpoint(t *testing.T) {
 		{"no interface", func(e *networking.Endpoint) { e.Spec.Interface = "" }, want{"spec.interface", field.ErrorTypeRequired, ""}},
 		{"interface too long", func(e *networking.Endpoint) { e.Spec.Interface = "abcdefghijklmnop" }, want{"spec.interface", field.ErrorTypeTooLong, "15"}},
 		{"interface with slash", func(e *networking.Endpoint) { e.Spec.Interface = "a/b" }, want{"spec.interface", field.ErrorTypeInvalid, "Linux interface name"}},
+		{"interface with NUL", func(e *networking.Endpoint) { e.Spec.Interface = "eth\x000" }, want{"spec.interface", field.ErrorTypeInvalid, "printable ASCII"}},
+		{"interface with a control character", func(e *networking.Endpoint) { e.Spec.Interface = "eth\x1b[0" }, want{"spec.interface", field.ErrorTypeInvalid, "printable ASCII"}},
+		{"interface not ASCII", func(e *networking.Endpoint) { e.Spec.Interface = "ethé" }, want{"spec.interface", field.ErrorTypeInvalid, "printable ASCII"}},
 		{"no mac", mac(""), want{"spec.mac", field.ErrorTypeRequired, "MAC"}},
 		{"mac not a mac", mac("02-00-00-00-00-01"), want{"spec.mac", field.ErrorTypeInvalid, "colon-separated"}},
 		{"mac too long", mac("02:00:00:00:00:00:00:01"), want{"spec.mac", field.ErrorTypeInvalid, "48-bit"}},
@@ -349,5 +352,25 @@ func TestValidateProvisioningStatus(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			check(t, ValidateProvisioningStatus(&tc.st, 2), tc.want)
 		})
+	}
+}
+
+// Watermarks are resourceVersions: "abc" and a subnet listed twice (the
+// list's map key) are refused.
+func TestValidateWatermarks(t *testing.T) {
+	path := field.NewPath("status", "appliedResourceVersion")
+	if errs := ValidateWatermark("", path); len(errs) > 0 {
+		t.Errorf("empty watermark: %v", errs)
+	}
+	if errs := ValidateWatermark("12345", path); len(errs) > 0 {
+		t.Errorf("watermark 12345: %v", errs)
+	}
+	if errs := ValidateWatermark("abc", path); len(errs) != 1 || errs[0].Field != "status.appliedResourceVersion" {
+		t.Errorf("watermark abc: got %v, want one error at status.appliedResourceVersion", errs)
+	}
+	errs := ValidateSubnetWatermarks([]networking.SubnetWatermark{{Subnet: "a", ResourceVersion: "1"}, {Subnet: "a", ResourceVersion: "2"}, {Subnet: "b", ResourceVersion: "x"}})
+	if len(errs) != 2 || errs[0].Type != field.ErrorTypeDuplicate || errs[0].Field != "status.appliedResourceVersions[1].subnet" ||
+		errs[1].Field != "status.appliedResourceVersions[2].resourceVersion" {
+		t.Errorf("divider watermarks: got %v, want a duplicate subnet at [1] and a bad resourceVersion at [2]", errs)
 	}
 }

@@ -3,6 +3,7 @@ package bouncer
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
 
 	"mizar.dev/pkg/apis/networking"
@@ -35,5 +36,15 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Bouncer, networking.Bouncer
 
 // NewREST returns the storage of bouncers and bouncers/status.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, *registry.StatusREST, error) {
-	return registry.NewREST(kind, scheme, optsGetter)
+	k := *kind
+	k.ValidateStatus = withWatermarks(k.ValidateStatus)
+	return registry.NewREST(&k, scheme, optsGetter)
+}
+
+// withWatermarks adds the agent's watermark to the status checks: one that is
+// not a resourceVersion would compare as nothing the operator waits for.
+func withWatermarks(validate func(*networking.Bouncer) field.ErrorList) func(*networking.Bouncer) field.ErrorList {
+	return func(o *networking.Bouncer) field.ErrorList {
+		return append(validate(o), validation.ValidateWatermark(o.Status.AppliedResourceVersion, field.NewPath("status", "appliedResourceVersion"))...)
+	}
 }

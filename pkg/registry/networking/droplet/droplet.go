@@ -38,6 +38,7 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Droplet, networking.Droplet
 // NewREST returns the storage of droplets and droplets/status.
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
+	k.ValidateStatus = withWatermarks(k.ValidateStatus)
 	k.Claims = &registry.Claims[*networking.Droplet]{
 		Store:    store,
 		Keys:     keys,
@@ -54,4 +55,12 @@ const addressPrefix = "droplet-ip/"
 
 func keys(d *networking.Droplet) []registry.Key {
 	return []registry.Key{{Key: addressPrefix + d.Spec.IP, Path: field.NewPath("spec", "ip"), Value: d.Spec.IP}}
+}
+
+// withWatermarks adds the agent's watermark to the status checks: one that is
+// not a resourceVersion would compare as nothing the operator waits for.
+func withWatermarks(validate func(*networking.Droplet) field.ErrorList) func(*networking.Droplet) field.ErrorList {
+	return func(o *networking.Droplet) field.ErrorList {
+		return append(validate(o), validation.ValidateWatermark(o.Status.AppliedResourceVersion, field.NewPath("status", "appliedResourceVersion"))...)
+	}
 }

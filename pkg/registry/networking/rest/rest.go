@@ -34,6 +34,9 @@ type StorageProvider struct {
 	// Operators says this server runs the operators: objects they follow are
 	// created holding their finalizer.
 	Operators bool
+	// NoGarbageCollector: no garbage collector runs (standalone); deletes
+	// with Orphan or Foreground propagation are refused.
+	NoGarbageCollector bool
 }
 
 // NewAPIGroupInfo returns the group with storage for every resource and /status,
@@ -42,7 +45,7 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 	info := genericapiserver.NewDefaultAPIGroupInfo(networking.GroupName, p.Scheme, metav1.ParameterCodec, p.Codecs)
 	storage := map[string]rest.Storage{}
 	var repairers []registry.Repairer
-	checks := registry.ClientErrors{Encoder: p.Codecs.LegacyCodec(v1alpha1.SchemeGroupVersion)}
+	checks := registry.ClientErrors{Encoder: p.Codecs.LegacyCodec(v1alpha1.SchemeGroupVersion), NoGarbageCollector: p.NoGarbageCollector}
 	add := func(resource string, main *registry.REST, status *registry.StatusREST) {
 		storage[resource] = checks.Wrap(main)
 		storage[resource+"/status"] = checks.WrapStatus(status)
