@@ -13,4 +13,8 @@ const (
 	CodeAPI uint = 103
 	// CodeNetwork: setting up links, addresses, routes or programs failed.
 	CodeNetwork uint = 104
+	// CodeAddressOnNode: another pod of this node (of another VPC, whose
+	// addresses overlap) holds the same IP; the node's own traffic to a
+	// pod (probes, replies) could not tell them apart.
+	CodeAddressOnNode uint = 105
 )

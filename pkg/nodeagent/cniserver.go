@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
@@ -497,7 +498,14 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 	if err := dataplane.EnableGROInNetns(r.Netns, r.IfName); err != nil {
 		return nil, cniErr(cni.CodeNetwork, "mizar: enabling GRO on the pod's "+r.IfName, err)
 	}
-	if err := s.withIP(ip, func() error { return s.addHostRoute(host, st.HostIfindex, ip, podMAC) }); err != nil {
+	if err := s.withIP(ip, func() error { return s.addHostRoute(host, id, st.HostIfindex, ip, podMAC) }); err != nil {
+		var taken *errAddressOnNode
+		if errors.As(err, &taken) {
+			klog.InfoS("Refusing a second pod with an address already on this node", "ip", ip, "endpoint", namespace+"/"+epName,
+				"holder", taken.other.Namespace+"/"+taken.other.Endpoint)
+			return nil, cniErr(cni.CodeAddressOnNode, fmt.Sprintf("mizar: %s: subnet %s (VPC %s) overlaps another VPC's on this node, "+
+				"and the node could not tell the two pods apart: place the pod on another node", taken, subnet.Name, vpc.Name), nil)
+		}
 		return nil, cniErr(cni.CodeNetwork, "mizar: routing the host to the pod", err)
 	}
 

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -21,6 +23,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -628,9 +631,11 @@ func TestCNIDelAfterNetnsGone(t *testing.T) {
 	e.nothingLeft(rt, podH)
 }
 
-// Host <-> pod through the real plugin: the node pings its pod and the pod
-// its node, outside the overlay. Two pods of overlapping VPCs with the same
-// IP: the first holds the host route, and gets it handed over on its DEL.
+// Host <-> pod through the real plugin: the node pings and probes its pod
+// and the pod its node, outside the overlay. Two pods of overlapping VPCs
+// with the same IP on one node: the second ADD is refused, naming the
+// first, whose probes and replies stay its own; once it goes, the address
+// may be the other VPC's.
 func TestCNIHostAndPod(t *testing.T) {
 	e := newCNIEnv(t)
 	ctx := context.Background()
@@ -686,20 +691,22 @@ func TestCNIHostAndPod(t *testing.T) {
 	}
 
 	first, _ := e.pod("hosta")
-	second, _ := e.pod("hostb")
-	for _, p := range []struct {
-		rt *libcni.RuntimeConf
-		l  *libcni.NetworkConfigList
-	}{{first, lists[e.vpc]}, {second, lists[vpc2]}} {
-		rt := p.rt
-		res, err := e.cni.AddNetworkList(ctx, p.l, rt)
-		if err != nil {
-			t.Fatalf("ADD %s: %v", rt.ContainerID, err)
-		}
-		if r, _ := types100.GetResult(res); r == nil || r.IPs[0].Address.IP.String() != "10.77.9.2" {
-			t.Fatalf("ADD %s: %s, want 10.77.9.2", rt.ContainerID, res)
-		}
+	second, secondH := e.pod("hostb")
+	if res, err := e.cni.AddNetworkList(ctx, lists[e.vpc], first); err != nil {
+		t.Fatalf("ADD %s: %v", first.ContainerID, err)
+	} else if r, _ := types100.GetResult(res); r == nil || r.IPs[0].Address.IP.String() != "10.77.9.2" {
+		t.Fatalf("ADD %s: %s, want 10.77.9.2", first.ContainerID, res)
 	}
+	// The same address in the other VPC on this node: refused, naming the
+	// holder, and nothing of it is left.
+	firstEp, _ := names(attachmentID(first.ContainerID, first.IfName))
+	_, err := e.cni.AddNetworkList(ctx, lists[vpc2], second)
+	var cerr *types.Error
+	if !errors.As(err, &cerr) || cerr.Code != cni.CodeAddressOnNode || !strings.Contains(cerr.Msg, "default/"+firstEp) ||
+		!strings.Contains(cerr.Msg, "10.77.9.2") {
+		t.Fatalf("second ADD of 10.77.9.2: %v, want code %d naming default/%s", err, cni.CodeAddressOnNode, firstEp)
+	}
+	e.nothingLeft(second, secondH)
 	if routeDev("10.77.9.2") != hostIndex(first) {
 		t.Fatalf("the host route to 10.77.9.2 is not on the first pod's veth")
 	}
@@ -709,6 +716,14 @@ func TestCNIHostAndPod(t *testing.T) {
 	if err := ping(first.NetNS, nodeIP); err != nil {
 		t.Errorf("pod -> node: %v", err)
 	}
+	// A kubelet-style TCP probe from the node, and a UDP service on the
+	// node answering the pod, each reach the pod that holds the address.
+	if got := probeTCP(t, first.NetNS, e.node, "hosta", "10.77.9.2:8080"); got != "hosta" {
+		t.Errorf("the node's TCP probe of 10.77.9.2 was answered by %q, want hosta", got)
+	}
+	if got := udpReply(t, e.node, first.NetNS, nodeIP+":5353", "hosta"); got != "reply to hosta" {
+		t.Errorf("the pod got %q from the node's UDP service, want its reply", got)
+	}
 	c, err := e.dp.Counters()
 	if err != nil {
 		t.Fatal(err)
@@ -717,18 +732,22 @@ func TestCNIHostAndPod(t *testing.T) {
 		t.Errorf("pod counters %v: want to_host and no encap", c.Pod)
 	}
 
-	// The holder goes: the other pod gets the route and reaches the node.
+	// The holder goes: the other VPC's pod may have the address now.
 	if err := e.cni.DelNetworkList(ctx, lists[e.vpc], first); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if routeDev("10.77.9.2") != hostIndex(second) {
-		t.Fatalf("the host route to 10.77.9.2 was not handed to the other pod")
+	second, _ = e.pod("hostc")
+	if _, err := e.cni.AddNetworkList(ctx, lists[vpc2], second); err != nil {
+		t.Fatalf("ADD after the holder went: %v", err)
 	}
-	if err := ping(e.node, "10.77.9.2"); err != nil {
-		t.Errorf("node -> the other pod after the handover: %v", err)
+	if routeDev("10.77.9.2") != hostIndex(second) {
+		t.Fatalf("the host route to 10.77.9.2 is not on the new pod's veth")
+	}
+	if got := probeTCP(t, second.NetNS, e.node, "hostc", "10.77.9.2:8080"); got != "hostc" {
+		t.Errorf("the node's TCP probe of 10.77.9.2 was answered by %q, want hostc", got)
 	}
 	if err := ping(second.NetNS, nodeIP); err != nil {
-		t.Errorf("the other pod -> node after the handover: %v", err)
+		t.Errorf("the other pod -> node: %v", err)
 	}
 
 	// The node gains an address while the agent runs: its pods reach it
@@ -810,4 +829,74 @@ func TestCNIMTU(t *testing.T) {
 		_ = e.cni.DelNetworkList(ctx, withMTU(c.mtu), rt)
 		e.nothingLeft(rt, podH)
 	}
+}
+
+// inNetns runs f on a thread in the netns at path (sockets made there stay
+// there).
+func inNetns(t *testing.T, path string, f func() error) {
+	t.Helper()
+	if err := ns.WithNetNSPath(path, func(ns.NetNS) error { return f() }); err != nil {
+		t.Fatalf("in %s: %v", filepath.Base(path), err)
+	}
+}
+
+// probeTCP serves name on TCP 8080 in the pod's netns, connects from the
+// node's netns to addr as kubelet's probe does, and returns what answered.
+func probeTCP(t *testing.T, podNS, nodeNS, name, addr string) string {
+	t.Helper()
+	var l net.Listener
+	inNetns(t, podNS, func() (err error) { l, err = net.Listen("tcp4", ":8080"); return err })
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte(name))
+			_ = c.Close()
+		}
+	}()
+	var got []byte
+	inNetns(t, nodeNS, func() error {
+		c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		got, err = io.ReadAll(c)
+		return err
+	})
+	return string(got)
+}
+
+// udpReply runs a UDP service on the node's addr that answers "reply to
+// <payload>", sends name to it from the pod, and returns what the pod got.
+func udpReply(t *testing.T, nodeNS, podNS, addr, name string) string {
+	t.Helper()
+	var srv net.PacketConn
+	inNetns(t, nodeNS, func() (err error) { srv, err = net.ListenPacket("udp4", addr); return err })
+	defer srv.Close()
+	go func() {
+		buf := make([]byte, 256)
+		n, from, err := srv.ReadFrom(buf)
+		if err == nil {
+			_, _ = srv.WriteTo(append([]byte("reply to "), buf[:n]...), from)
+		}
+	}()
+	var got string
+	inNetns(t, podNS, func() error {
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte(name)); err != nil {
+			return err
+		}
+		buf := make([]byte, 256)
+		n, err := c.Read(buf)
+		got = string(buf[:n])
+		return err
+	})
+	return got
 }

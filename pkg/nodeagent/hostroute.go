@@ -1,7 +1,6 @@
 package nodeagent
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -20,8 +19,10 @@ import (
 // stack (see dataplane.SetHostAddrs), and the host reaches a pod through a
 // /32 route over the pod's host-side veth, with the node's underlay address
 // as the preferred source and a permanent neighbour entry (no ARP toward a
-// pod). Overlapping VPCs can give two pods of this node the same IP: the
-// first keeps the route; when it goes, the route is handed to another.
+// pod). Overlapping VPCs could give two pods of this node the same IP, and
+// the host stack, which has one routing table, would send the node's replies
+// and probes for both to one of them: the second such ADD is refused
+// (errAddressOnNode), naming the pod that holds the address.
 
 // hostAddrs lists the IPv4 addresses of the host netns, loopback aside.
 func hostAddrs(h *netlink.Handle) ([]netip.Addr, error) {
@@ -127,19 +128,52 @@ func (s *CNIServer) syncHostAddrs() error {
 	return nil
 }
 
-// addHostRoute points the host's route to ip at hostIfindex unless another
-// pod of the same IP holds it.
-func (s *CNIServer) addHostRoute(h *netlink.Handle, hostIfindex int, ip netip.Addr, podMAC net.HardwareAddr) error {
+// errAddressOnNode is addHostRoute's refusal: another attachment of this
+// node holds the IP.
+type errAddressOnNode struct {
+	ip    netip.Addr
+	other *attachment
+}
+
+func (e *errAddressOnNode) Error() string {
+	return fmt.Sprintf("%s is already the address of endpoint %s/%s (container %s, interface %s) on this node",
+		e.ip, e.other.Namespace, e.other.Endpoint, e.other.ContainerID, e.other.IfName)
+}
+
+// addHostRoute points the host's route to ip at hostIfindex (attachment id).
+// If another attachment of this node holds ip it refuses (errAddressOnNode)
+// and changes nothing; a route left by no attachment is replaced. Callers
+// hold the IP's lock (withIP).
+func (s *CNIServer) addHostRoute(h *netlink.Handle, id string, hostIfindex int, ip netip.Addr, podMAC net.HardwareAddr) error {
+	if other := s.holderOf(id, ip); other != nil {
+		return &errAddressOnNode{ip: ip, other: other}
+	}
 	if err := h.NeighSet(&netlink.Neigh{LinkIndex: hostIfindex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 		IP: ip.AsSlice(), HardwareAddr: podMAC}); err != nil {
 		return fmt.Errorf("neighbour entry for %s: %w", ip, err)
 	}
-	err := h.RouteAdd(s.hostRoute(hostIfindex, ip))
-	if errors.Is(err, unix.EEXIST) {
-		return nil // another pod with this IP (another VPC) has it
-	}
-	if err != nil {
+	// Replace: a route no attachment holds is a leftover (say, of a crash
+	// between a veth's deletion and its state's).
+	if err := h.RouteReplace(s.hostRoute(hostIfindex, ip)); err != nil {
 		return fmt.Errorf("route to %s: %w", ip, err)
+	}
+	return nil
+}
+
+// holderOf is the attachment other than id that holds ip, if any.
+func (s *CNIServer) holderOf(id string, ip netip.Addr) *attachment {
+	entries, err := os.ReadDir(s.o.StateDir)
+	if err != nil {
+		return nil
+	}
+	for _, e := range entries {
+		other, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || other == id {
+			continue
+		}
+		if st, err := s.readState(other); err == nil && st.IP == ip.String() {
+			return st
+		}
 	}
 	return nil
 }
@@ -185,7 +219,7 @@ func (s *CNIServer) handOverHostRoute(h *netlink.Handle, id string, ip netip.Add
 		if err != nil {
 			continue // being torn down too
 		}
-		return s.addHostRoute(h, l.Attrs().Index, ip, mac)
+		return s.addHostRoute(h, other, l.Attrs().Index, ip, mac)
 	}
 	return nil
 }
