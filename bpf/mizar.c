@@ -233,7 +233,7 @@ int mizar_underlay(struct xdp_md *ctx)
 		if (!hostpath_underlay_route(&r, vni, iip->daddr, self, gen))
 			route_lookup(&r, vni, iip->daddr, pick, self);
 		if (r.kind != RT_DROP) {
-			int refusal = hostpath_from_host(&r, vni, iph->saddr, iip->saddr, iip->daddr, gen) ? 0 :
+			int refusal = hostpath_from_host(&r, vni, iph->saddr, iip->saddr, iip->daddr) ? 0 :
 				      src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
 			if (refusal)

@@ -49,7 +49,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } hostpath SEC(".maps");
 
-/* Array lookups are inlined by the verifier: no call. */
+/* The functions below that the programs call are subprograms (__noinline):
+ * called only on a flow's first packet or on the way to the host, they
+ * leave the fast paths' code as it was. Array lookups are inlined by the
+ * verifier: no call. */
 static __always_inline const struct hostpath_cfg *hostpath_get(void)
 {
 	__u32 zero = 0;
@@ -72,11 +75,11 @@ static __always_inline int hostpath_outside(__u32 vni, __u32 daddr)
  * (the droplet may know no pod of this host) and introduces it, or
  * straight there from a relay, whose word is trusted, or where the VPC has
  * no divider. Returns 1 when it decided r. */
-static __always_inline int hostpath_pod_route(struct route *r, __u32 vni, __u32 daddr, __u32 pick, __u32 self,
-					      __u64 gen)
+static __noinline int hostpath_pod_route(struct route *r, __u32 vni, __u32 daddr, __u32 pick, __u32 self)
 {
 	if (!hostpath_outside(vni, daddr))
 		return 0;
+	__u64 gen = current_generation(); /* five arguments at most */
 	__builtin_memset(r, 0, sizeof(*r));
 	const struct droplet *d = droplet_lookup(daddr, gen);
 
@@ -98,7 +101,7 @@ static __always_inline int hostpath_pod_route(struct route *r, __u32 vni, __u32 
 }
 
 /* Mark a pod's packet handed to the host stack with what VPC it came from. */
-static __always_inline void hostpath_mark(struct __sk_buff *skb, __u32 vni)
+static __noinline void hostpath_mark(struct __sk_buff *skb, __u32 vni)
 {
 	const struct hostpath_cfg *hp = hostpath_get();
 
@@ -110,7 +113,7 @@ static __always_inline void hostpath_mark(struct __sk_buff *skb, __u32 vni)
  * stack through the host device; one addressed to another droplet (a pod's
  * to that droplet, through this relay) goes on to it. Returns 1 when it
  * decided r. */
-static __always_inline int hostpath_underlay_route(struct route *r, __u32 vni, __u32 daddr, __u32 self,
+static __noinline int hostpath_underlay_route(struct route *r, __u32 vni, __u32 daddr, __u32 self,
 						   __u64 gen)
 {
 	const struct hostpath_cfg *hp = hostpath_get();
@@ -146,11 +149,10 @@ static __always_inline int hostpath_underlay_route(struct route *r, __u32 vni, _
  * the host VPC (inner source = outer source, which the caller checked is a
  * known droplet), to be delivered to a pod or relayed toward one, never
  * into this host's stack nor on to another droplet's. */
-static __always_inline int hostpath_from_host(const struct route *r, __u32 vni, __u32 osrc, __u32 isrc, __u32 idst,
-					      __u64 gen)
+static __noinline int hostpath_from_host(const struct route *r, __u32 vni, __u32 osrc, __u32 isrc, __u32 idst)
 {
 	const struct hostpath_cfg *hp = hostpath_get();
 
 	return hp && hp->vni == vni && osrc == isrc && !(r->kind == RT_LOCAL && r->ifindex == hp->dev_ifindex) &&
-	       !droplet_lookup(idst, gen);
+	       !droplet_lookup(idst, current_generation());
 }

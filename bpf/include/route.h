@@ -298,7 +298,7 @@ static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u3
 	if (bpf_map_lookup_elem(&host_addrs, &hk)) {
 		__builtin_memset(r, 0, sizeof(*r));
 		r->kind = RT_HOST;
-	} else if (!hostpath_pod_route(r, vni, daddr, pick, self, gen))
+	} else if (!hostpath_pod_route(r, vni, daddr, pick, self))
 		route_lookup(r, vni, daddr, pick, self);
 	if (!s || r->kind == RT_DROP)
 		return NULL;

@@ -15,6 +15,10 @@
 // their IP, untagged. Hops without a MAC are reached through the kernel FIB,
 // so droplets may sit on different L3 subnets.
 //
+// SetHostPath makes one VPC, the host VPC, the network of a Kubernetes
+// cluster's pods: Services through kube-proxy and egress through the node,
+// the node to its pods on every droplet through a host device (hostpath.go).
+//
 // A flow's first packet is decided from the hash and LPM maps; the programs
 // keep that decision in small per-CPU caches (inlined array lookups, where a
 // hash lookup is a chain of calls costing as much as the rest of a path).
