@@ -9,6 +9,8 @@ packages=(
   iputils-ping                  # ping between pods in the dataplane netns test
   jq                            # make up reads cnitool's results
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
+  debootstrap                   # the kind node image's Debian root (hack/kind/rootfs.sh)
+  podman crun conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
 )
 
 missing=()
