@@ -168,9 +168,11 @@ int mizar_underlay(struct xdp_md *ctx)
 	} else {
 		int learned_trust = 0;
 
-		route_lookup(&r, vni, iip->daddr, pick, self);
+		if (!hostpath_to_host(&r, vni, iip->daddr, self))
+			route_lookup(&r, vni, iip->daddr, pick, self);
 		if (r.kind != RT_DROP) {
-			int refusal = src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
+			int refusal = hostpath_from_host(&r, vni, iph->saddr, iip->saddr) ? 0 :
+				      src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
 			if (refusal)
 				return ul_drop(refusal);
@@ -681,6 +683,7 @@ int mizar_pod(struct __sk_buff *skb)
 	/* To this node itself (kubelet probes): the host stack answers, through
 	 * the /32 route the agent keeps to the pod over this veth. */
 	if (r.kind == RT_HOST) {
+		hostpath_mark(skb, cfg->vni);
 		count_pod(POD_TO_HOST);
 		return TC_ACT_OK;
 	}

@@ -11,6 +11,7 @@ packages=(
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
   debootstrap                   # the kind node image's Debian root (hack/kind/rootfs.sh)
   podman crun conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
+  nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
 )
 
 missing=()

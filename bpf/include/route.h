@@ -276,6 +276,8 @@ static __always_inline void route_lookup(struct route *r, __u32 vni, __u32 daddr
 	pick_hop(r, vp->dividers, vp->ndividers, pick, self, VIA_DIVIDER);
 }
 
+#include "hostpath.h" /* needs the above; hostpath_pod_route is used below */
+
 /* The pod side's route: this node's own addresses first (host_addrs: the
  * host stack answers kubelet probes), then route_lookup, through rt_flows:
  * routes (not drops) are kept until the generation changes. Returns the
@@ -296,7 +298,7 @@ static __always_inline struct rt_flow *route_lookup_cached(struct route *r, __u3
 	if (bpf_map_lookup_elem(&host_addrs, &hk)) {
 		__builtin_memset(r, 0, sizeof(*r));
 		r->kind = RT_HOST;
-	} else
+	} else if (!hostpath_pod_route(r, vni, daddr, gen))
 		route_lookup(r, vni, daddr, pick, self);
 	if (!s || r->kind == RT_DROP)
 		return NULL;

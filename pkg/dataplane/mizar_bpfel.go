@@ -64,6 +64,18 @@ type mizarHostConfig struct {
 	Pad2            uint32
 }
 
+type mizarHostpathCfg struct {
+	_            structs.HostLayout
+	Vni          uint32
+	Cidr         [4]uint8
+	Mask         [4]uint8
+	DevIfindex   uint32
+	DevMac       [6]uint8
+	Pad          [2]uint8
+	MarkHostVpc  uint32
+	MarkOtherVpc uint32
+}
+
 type mizarIntroKey struct {
 	_      structs.HostLayout
 	Vni    uint32
@@ -237,6 +249,7 @@ const (
 	mizarMapEndpoints      = "endpoints"
 	mizarMapGeneration     = "generation"
 	mizarMapHostAddrs      = "host_addrs"
+	mizarMapHostpath       = "hostpath"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
 	mizarMapPodIfaces      = "pod_ifaces"
@@ -308,6 +321,7 @@ type mizarMapSpecs struct {
 	Endpoints     *ebpf.MapSpec `ebpf:"endpoints"`
 	Generation    *ebpf.MapSpec `ebpf:"generation"`
 	HostAddrs     *ebpf.MapSpec `ebpf:"host_addrs"`
+	Hostpath      *ebpf.MapSpec `ebpf:"hostpath"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
@@ -353,6 +367,7 @@ type mizarMaps struct {
 	Endpoints     *ebpf.Map `ebpf:"endpoints"`
 	Generation    *ebpf.Map `ebpf:"generation"`
 	HostAddrs     *ebpf.Map `ebpf:"host_addrs"`
+	Hostpath      *ebpf.Map `ebpf:"hostpath"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
@@ -373,6 +388,7 @@ func (m *mizarMaps) Close() error {
 		m.Endpoints,
 		m.Generation,
 		m.HostAddrs,
+		m.Hostpath,
 		m.Introduced,
 		m.Learned,
 		m.PodIfaces,

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/dataplane"
@@ -54,6 +55,14 @@ type Datapath struct {
 	drops  []netip.Addr                   // droplets programmed last
 	vnis   map[uint32]bool                // VNIs with relays programmed last
 	subs   map[subnetID]bool
+
+	// The host path (hostpath.go): the VPC named by --host-vpc, and what
+	// was applied last.
+	hostVPC     string
+	podMTU      int
+	hpMu        sync.Mutex
+	hostPath    dataplane.HostPath
+	hostPathSet bool
 }
 
 type subnetID struct {
@@ -74,6 +83,11 @@ type DatapathOptions struct {
 	Underlay  string       // underlay interface name in the host netns
 	HostIP    netip.Prefix // this droplet's underlay address and prefix
 	HostNetns string       // "" = the agent's own
+	// HostVPC names the VPC whose pods get Kubernetes networking through
+	// the node (hostpath.go); "" = none.
+	HostVPC string
+	// PodMTU is the pods' MTU, also the host device's.
+	PodMTU int
 }
 
 // NewDatapath returns the real Dataplane; Attach starts it.
@@ -85,7 +99,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
-		kick:   make(chan struct{}, 1),
+		kick:   make(chan struct{}, 1), hostVPC: o.HostVPC, podMTU: o.PodMTU,
 		owners: map[endpointID]map[string]bool{}, keys: map[string]endpointID{}, vnis: map[uint32]bool{}, subs: map[subnetID]bool{},
 	}
 	h := cache.ResourceEventHandlerFuncs{
@@ -131,6 +145,10 @@ func (d *Datapath) Attach(ctx context.Context) error {
 	if err := d.syncTopology(); err != nil {
 		return err
 	}
+	d.removeStaleHostPath(ctx)
+	if err := d.syncHostPath(ctx); err != nil {
+		return err
+	}
 	if err := d.pods.inHost(func() error { return d.dp.AttachUnderlay(d.underlay) }); err != nil {
 		return fmt.Errorf("attach the underlay program to %s: %w", d.underlay, err)
 	}
@@ -144,6 +162,9 @@ func (d *Datapath) Attach(ctx context.Context) error {
 			if err := d.syncTopology(); err != nil {
 				// Retried on the next change and at the informers' resync.
 				fmt.Printf("mizar-nodeagent: topology: %v\n", err)
+			}
+			if err := d.syncHostPath(ctx); err != nil {
+				klog.ErrorS(err, "Host path; retried on the next change")
 			}
 		}
 	}()

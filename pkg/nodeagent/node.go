@@ -47,6 +47,7 @@ type NodeOptions struct {
 	StateDir           string
 	HealthAddr         string
 	HostNetns          string
+	HostVPC            string
 	ProvisionTimeout   time.Duration
 	AckInterval        time.Duration
 }
@@ -78,6 +79,8 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.StateDir, "cni-state-dir", o.StateDir, "directory recording each pod attachment")
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address serving /healthz and /metrics (empty: off)")
 	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
+	fs.StringVar(&o.HostVPC, "host-vpc", o.HostVPC, "VPC whose pods get Kubernetes networking through the node: Services via kube-proxy, egress "+
+		"masqueraded to the node, the node to its pods on every node (the cluster's default VPC for pods; empty: none, and an earlier run's host path is removed)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
 }
@@ -193,7 +196,12 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer dp.Close()
-	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns})
+	podMTU, err := dataplane.PodMTU(u.MTU)
+	if err != nil {
+		return err
+	}
+	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns,
+		HostVPC: o.HostVPC, PodMTU: podMTU})
 	agent, err := New(Options{Client: client, Dataplane: rdp, AckInterval: o.AckInterval, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
 		Spec: v1alpha1.DropletSpec{Node: o.Node, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}}})
 	if err != nil {
@@ -230,7 +238,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	if ifs, err := srv.HostInterfaces(); err != nil {
 		klog.ErrorS(err, "Not collecting stale pins")
-	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name)) }); err != nil {
+	} else if err := rdp.Pods().inHost(func() error { return dp.GC(append(ifs, u.Name, dataplane.HostDevicePeer)) }); err != nil {
 		klog.ErrorS(err, "Collecting stale pins failed")
 	}
 	if o.HealthAddr != "" {
