@@ -69,7 +69,12 @@ reference)
 mizar)
   step "building mizar's images"
   mapfile -t images < <("$ROOT/hack/images.sh" dev)
-  ((${#images[@]})) || { log "hack/images.sh built no image"; exit 1; }
+  for want in mizar-apiserver mizar-agent; do
+    printf '%s\n' "${images[@]}" | grep -q "/$want.tar$" || {
+      log "hack/images.sh built no $want image (see its messages above): the chart cannot run without it"
+      exit 1
+    }
+  done
   for img in "${images[@]}"; do
     "$KIND" load image-archive --name "$CLUSTER" "$img"
   done
@@ -81,9 +86,21 @@ mizar)
 none) ;;
 esac
 
+# What keeps nodes NotReady: their condition, and the network's pods and events.
+diagnose() {
+  "$KUBECTL" get nodes -o 'custom-columns=NODE:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,WHY:.status.conditions[?(@.type=="Ready")].message' >&2 || true
+  if [[ $CNI == mizar ]]; then
+    "$KUBECTL" get pods -n mizar-system -o wide >&2 || true
+    "$KUBECTL" get events -n mizar-system --field-selector type=Warning --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  fi
+}
 if [[ $CNI != none ]]; then
   step "waiting for every node to be Ready"
-  "$KUBECTL" wait --for=condition=Ready node --all --timeout="${MIZAR_KIND_READY_TIMEOUT:-300s}"
+  if ! "$KUBECTL" wait --for=condition=Ready node --all --timeout="${MIZAR_KIND_READY_TIMEOUT:-300s}"; then
+    log "nodes are not Ready with the $CNI network:"
+    diagnose
+    exit 1
+  fi
 fi
 "$KUBECTL" get nodes -o wide
 step "done; export KUBECONFIG=$KUBECONFIG"
