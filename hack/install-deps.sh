@@ -10,7 +10,7 @@ packages=(
   jq                            # make up reads cnitool's results
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
   debootstrap                   # the kind node image's Debian root (hack/kind/rootfs.sh)
-  podman crun conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
+  podman runc conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
   nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
 )
 

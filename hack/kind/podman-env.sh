@@ -12,11 +12,14 @@ PODMAN_DIR=$MIZAR_CACHE/podman
 mkdir -p "$PODMAN_DIR"
 # Limits this machine can grant (hard nofile is 20000 here; podman's default
 # of 1048576 fails with "error setting rlimit type 7"); cgroupfs and file
-# events because the host runs no systemd.
+# events because the host may run no systemd.
 cat >"$PODMAN_DIR/containers.conf" <<CONF
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
 [engine]
+# runc: Debian's crun 1.8 refuses this host's cgroup layout ("cgroups in
+# hybrid mode not supported").
+runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 [network]
