@@ -69,8 +69,8 @@ reference)
 mizar)
   step "building mizar's images"
   mapfile -t images < <("$ROOT/hack/images.sh" dev)
-  for want in mizar-apiserver mizar-agent; do
-    printf '%s\n' "${images[@]}" | grep -q "/$want.tar$" || {
+  for want in mizar-apiserver "mizar-(node)?agent"; do
+    printf '%s\n' "${images[@]}" | grep -Eq "/$want.tar$" || {
       log "hack/images.sh built no $want image (see its messages above): the chart cannot run without it"
       exit 1
     }

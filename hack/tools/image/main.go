@@ -37,7 +37,7 @@ func main() {
 	out := flag.String("out", "", "output tarball")
 	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar-cni=/mizar-cni")
 	base := flag.String("base", "", "tarball of a root filesystem to put under the binary (first layer)")
-	user := flag.String("user", "65532:65532", "the image's user")
+	user := flag.String("user", "65532:65532", "the image's user (uid:gid); 0:0 for a node agent that loads BPF programs")
 	env := flag.String("env", "", "comma-separated KEY=VALUE environment of the image, e.g. PATH=/usr/local/bin:/usr/bin")
 	flag.Parse()
 	if *binary == "" || *path == "" || *name == "" || *out == "" {
@@ -61,9 +61,9 @@ type spec struct {
 	env                                        []string
 }
 
-// run builds the default image: the binary alone, non-root.
-func run(binary, path, name, out, extra string) error {
-	return build(spec{binary: binary, path: path, name: name, out: out, extra: extra, user: "65532:65532"})
+// run builds an image of the binary alone, as user.
+func run(binary, path, name, out, extra, user string) error {
+	return build(spec{binary: binary, path: path, name: name, out: out, extra: extra, user: user})
 }
 
 func build(s spec) error {

@@ -22,7 +22,7 @@ func TestImageTarball(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "img.tar")
-	if err := run(bin, "/prog", "mizar.dev/test:dev", out, ""); err != nil {
+	if err := run(bin, "/prog", "mizar.dev/test:dev", out, "", "65532:65532"); err != nil {
 		t.Fatal(err)
 	}
 	// Untar and open as a layout.
@@ -75,10 +75,10 @@ func TestImageTarball(t *testing.T) {
 		t.Errorf("layer entry: %+v, %v", hdr, err)
 	}
 
-	if err := run(filepath.Join(dir, "missing"), "/x", "a:b", out, ""); err == nil {
+	if err := run(filepath.Join(dir, "missing"), "/x", "a:b", out, "", "0:0"); err == nil {
 		t.Error("a missing binary gave no error")
 	}
-	if err := run(bin, "/x", "a:b", out, "nodst"); err == nil {
+	if err := run(bin, "/x", "a:b", out, "nodst", "0:0"); err == nil {
 		t.Error("--extra without = gave no error")
 	}
 }
