@@ -33,7 +33,7 @@ for i in "${!bins[@]}"; do bin[${bins[$i]}]=${paths[$i]}; done
 key=$( {
   printf '%s\n' "${paths[@]}"
   "$ROOT/hack/kind/rootfs.sh"
-  cd "$ROOT" && find hack/kind/node hack/kind/pause hack/tools/image/main.go hack/kind/node-image.sh -type f -print0 | sort -z | xargs -0 sha256sum
+  cd "$ROOT" && find hack/kind/node hack/kind/pause hack/tools/image/main.go hack/kind/node-image.sh hack/kind/debian-subset.sh -type f -print0 | sort -z | xargs -0 sha256sum
 } | sha256sum | cut -c1-12)
 IMAGE=localhost/mizar/kind-node:$kube-$key
 if podman image exists "$IMAGE"; then
