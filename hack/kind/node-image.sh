@@ -61,6 +61,7 @@ install -m 755 "${bin[crictl]}" "$R/usr/local/bin/"
 mkdir -p "$R/opt/cni/bin" "$R/etc/cni/net.d" "$R/etc/kubernetes/manifests" "$R/kind"
 for p in loopback portmap bridge host-local ptp; do install -m 755 "${bin[$p]}" "$R/opt/cni/bin/"; done
 echo "$kube" >"$R/kind/version"
+rm -f "$R/etc/machine-id" "$R/var/lib/dbus/machine-id"  # each node makes its own (entrypoint)
 # containerd's default spec without its rlimits (1024 open files), so
 # containers inherit containerd's, as kind's base image does.
 chroot "$R" ctr oci spec | jq 'del(.process.rlimits)' >"$R/etc/containerd/cri-base.json"

@@ -34,6 +34,10 @@ grep -q "imageTag: ${etcdv#v}-0" "$ROOT/hack/kind/cluster.yaml" || {
   exit 1
 }
 
+# kind's podman provider mounts the host's /lib/modules into every node; a host
+# without loadable modules (this sandbox) has no such directory.
+[[ -d /lib/modules ]] || mkdir -p /lib/modules
+
 mapfile -t tools < <("$ROOT/hack/kube-binaries.sh" kind kubectl helm)
 KIND=${tools[0]} KUBECTL=${tools[1]} HELM=${tools[2]}
 step "building the node image (cached)"
