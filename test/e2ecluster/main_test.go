@@ -52,6 +52,16 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if upRan && code != 0 && theEnv != nil {
+		// The nodes' journals, containerd and kubelet logs and pod logs, for
+		// whoever reads the failure (kept in _output/kind/logs).
+		dir := filepath.Join(theEnv.root, "_output/kind/logs")
+		if _, err := theEnv.run(context.Background(), theEnv.kind, "export", "logs", dir, "--name", "mizar"); err != nil {
+			fmt.Fprintf(os.Stderr, "e2ecluster: kind export logs: %v\n", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "e2ecluster: the cluster's logs are in %s\n", dir)
+		}
+	}
 	if upRan && os.Getenv("MIZAR_E2E_KEEP") != "1" {
 		cmd := exec.Command(filepath.Join(cluster.RepoRoot(), "hack/kind/down.sh"))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
