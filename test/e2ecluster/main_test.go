@@ -114,7 +114,8 @@ func setup() (*env, error) {
 	up.Env = append(os.Environ(), "MIZAR_KIND_CNI="+e.cni)
 	up.Stdout, up.Stderr = os.Stderr, os.Stderr
 	if err := up.Run(); err != nil {
-		return nil, fmt.Errorf("hack/kind/up.sh (MIZAR_KIND_CNI=%s): %w", e.cni, err)
+		// e, so TestMain exports the half-made cluster's logs and removes it.
+		return e, fmt.Errorf("hack/kind/up.sh (MIZAR_KIND_CNI=%s): %w (its messages above say what failed)", e.cni, err)
 	}
 	fmt.Fprintf(os.Stderr, "e2ecluster: cluster up in %s\n", time.Since(start).Round(time.Second))
 
