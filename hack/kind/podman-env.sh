@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by hack/kind/*.sh: podman with its own configuration and storage, so
 # the node images it holds stay cached by version under ${MIZAR_CACHE} and the
 # machine's own podman setup (if any) is left alone.

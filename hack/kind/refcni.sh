@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# refcni.sh CLUSTER: installs the reference network in a kind cluster: the
+# refcni.sh: installs the reference network in the kind cluster (KUBECONFIG,
+# default _output/kind/kubeconfig): the
 # containernetworking bridge + host-local plugins on each node's pod CIDR,
 # portmap for hostPort, a route on every node to every other node's pod CIDR,
 # and masquerade for traffic leaving the pod range (what kind's own kindnet
@@ -9,7 +10,7 @@ set -o errexit -o nounset -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source=podman-env.sh
 source "$ROOT/hack/kind/podman-env.sh"
-CLUSTER=${1:-mizar}
+export KUBECONFIG=${KUBECONFIG:-$ROOT/_output/kind/kubeconfig}
 KUBECTL=${KUBECTL:-$("$ROOT/hack/kube-binaries.sh" kubectl)}
 pods=$(awk '/podSubnet:/ {print $2}' "$ROOT/hack/kind/cluster.yaml")
 

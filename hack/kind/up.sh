@@ -68,7 +68,7 @@ done
 
 case $CNI in
 reference)
-  "$ROOT/hack/kind/refcni.sh" "$CLUSTER"
+  "$ROOT/hack/kind/refcni.sh"
   ;;
 mizar)
   step "building mizar's images"
@@ -84,6 +84,8 @@ mizar)
   done
   step "images loaded; helm install"
   # pullPolicy Never: the images exist only in the nodes (no registry).
+  # MIZAR_HELM_ARGS: extra helm flags, split on spaces.
+  # shellcheck disable=SC2086
   "$HELM" upgrade --install mizar "$ROOT/artifacts/charts/mizar" --namespace mizar-system --create-namespace \
     --set image.pullPolicy=Never --set agent.image.pullPolicy=Never ${MIZAR_HELM_ARGS:-}
   ;;
