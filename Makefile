@@ -150,7 +150,7 @@ kind-down:
 # and removes the cluster (MIZAR_E2E_KEEP=1 keeps it). Fails under CI=true if
 # it cannot run.
 e2e-cluster:
-	$(GO) test -count=1 -v -timeout 50m ./test/e2ecluster
+	MIZAR_E2E_CLUSTER=1 $(GO) test -count=1 -v -timeout 55m ./test/e2ecluster
 
 # `make up` as root is the local multi-node cluster; these names stay as aliases.
 cluster-up: up

@@ -8,6 +8,10 @@
 // own, and the baseline. MIZAR_E2E_KEEP=1 keeps the cluster afterwards
 // (KUBECONFIG=_output/kind/kubeconfig). Needs root and podman; under CI=true
 // a missing prerequisite fails the test instead of skipping it.
+//
+// It runs only when asked (MIZAR_E2E_CLUSTER=1, as `make e2e-cluster` sets):
+// it builds a node image and a cluster for tens of minutes, more than
+// `go test ./...` (make test) gives one package.
 package e2ecluster
 
 import (
@@ -79,6 +83,10 @@ func TestMain(m *testing.M) {
 // loads the test image into it; every test shares it.
 func clusterEnv(t *testing.T) *env {
 	t.Helper()
+	if os.Getenv("MIZAR_E2E_CLUSTER") != "1" {
+		// Chosen by the run, not missing: `make e2e-cluster` runs it.
+		t.Skip("the kind cluster e2e runs with MIZAR_E2E_CLUSTER=1 (make e2e-cluster)")
+	}
 	ci.RequireRoot(t, "kind's podman nodes run privileged and the node image is built with chroot")
 	if _, err := exec.LookPath("podman"); err != nil {
 		ci.Unavailable(t, "podman is not installed (hack/install-deps.sh installs it)")
