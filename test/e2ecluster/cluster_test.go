@@ -341,11 +341,11 @@ func (w *workload) checkPairs(ctx context.Context, t *testing.T) {
 					proto string
 					port  int
 				}{{"http", httpPort}, {"udp", udpPort}} {
-					fmt.Fprintf(&script, "echo \"%s %s $(wget -q -T 10 -O - 'http://127.0.0.1:%d/dial?request=hostname&protocol=%s&host=%s&port=%d&tries=1')\"\n",
+					fmt.Fprintf(&script, "echo \"%s %s $(wget -q -T 8 -O - 'http://127.0.0.1:%d/dial?request=hostname&protocol=%s&host=%s&port=%d&tries=1')\"\n",
 						dst.Name, pr.proto, httpPort, pr.proto, dst.Status.PodIP, pr.port)
 				}
 			}
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 			defer cancel()
 			out, err := w.e.exec(cctx, w.ns, src.Name, "sh", "-c", script.String())
 			mu.Lock()
@@ -362,7 +362,11 @@ func (w *workload) checkPairs(ctx context.Context, t *testing.T) {
 				}
 				var r dialResult
 				if err := json.Unmarshal([]byte(f[2]), &r); err != nil || len(r.Responses) != 1 || r.Responses[0] != f[0] {
-					failures = append(failures, failure{src.Name, f[0], f[1], strings.TrimSpace(f[2])})
+					why := strings.TrimSpace(f[2])
+					if why == "" {
+						why = "no answer from the source pod's own netexec within 8 s"
+					}
+					failures = append(failures, failure{src.Name, f[0], f[1], why})
 					continue
 				}
 				ok++
@@ -410,36 +414,68 @@ func (w *workload) checkProbes(ctx context.Context, t *testing.T) {
 
 // checkServices: a ClusterIP Service by name (TCP and UDP, several backends),
 // a headless Service's DNS name listing every pod, and the API's Service.
+// Names are resolved by agnhost (Go's resolver, with the pod's search path).
 func (w *workload) checkServices(ctx context.Context, t *testing.T) {
 	src := w.pods[0].Name
-	backends := map[string]bool{}
-	for i := 0; i < 20; i++ {
-		out, err := w.e.exec(ctx, w.ns, src, "wget", "-q", "-T", "5", "-O", "-", "http://mesh/hostname")
+	dial := func(proto, host string, port, tries int) (dialResult, error) {
+		var r dialResult
+		out, err := w.e.exec(ctx, w.ns, src, "wget", "-q", "-T", "30", "-O", "-",
+			fmt.Sprintf("http://127.0.0.1:%d/dial?request=hostname&protocol=%s&host=%s&port=%d&tries=%d", httpPort, proto, host, port, tries))
 		if err != nil {
-			t.Errorf("pod %s -> Service mesh (ClusterIP, TCP, by its DNS name): %v%s", src, err, w.dnsHint(ctx))
-			break
+			return r, err
 		}
-		backends[strings.TrimSpace(out)] = true
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			return r, fmt.Errorf("netexec answered %q: %w", out, err)
+		}
+		return r, nil
 	}
-	if len(backends) > 0 && len(backends) < 2 {
-		t.Errorf("20 requests to Service mesh all reached %v: kube-proxy does not balance", backends)
+	for _, pr := range []struct {
+		proto string
+		port  int
+	}{{"http", 80}, {"udp", 81}} {
+		r, err := dial(pr.proto, "mesh", pr.port, 20)
+		backends := map[string]bool{}
+		for _, b := range r.Responses {
+			backends[b] = true
+		}
+		switch {
+		case err != nil:
+			t.Errorf("pod %s -> Service mesh:%d (%s, by its short DNS name): %v", src, pr.port, pr.proto, err)
+		case len(r.Responses) != 20:
+			t.Errorf("pod %s -> Service mesh:%d (%s): %d of 20 requests answered; errors %v%s", src, pr.port, pr.proto, len(r.Responses), r.Errors, w.dnsHint(ctx))
+		case len(backends) < 2:
+			t.Errorf("pod %s -> Service mesh:%d (%s): 20 requests all reached %v: kube-proxy does not balance", src, pr.port, pr.proto, backends)
+		default:
+			t.Logf("Service mesh:%d (%s): 20 answers from %d pods", pr.port, pr.proto, len(backends))
+		}
 	}
-	out, err := w.e.exec(ctx, w.ns, src, "wget", "-q", "-T", "10", "-O", "-",
-		fmt.Sprintf("http://127.0.0.1:%d/dial?request=hostname&protocol=udp&host=mesh&port=81&tries=3", httpPort))
-	var r dialResult
-	if err != nil || json.Unmarshal([]byte(out), &r) != nil || len(r.Responses) == 0 {
-		t.Errorf("pod %s -> Service mesh:81 (ClusterIP, UDP): %v %s", src, err, out)
-	}
-	out, err = w.e.exec(ctx, w.ns, src, "nslookup", "mesh-headless."+w.ns+".svc.cluster.local")
+
+	// The headless Service's name lists every pod (busybox's nslookup asks
+	// the pod's nameserver directly; its own "Address: <server>:53" line is not a record).
+	out, err := w.e.exec(ctx, w.ns, src, "nslookup", "mesh-headless."+w.ns+".svc.cluster.local")
 	if err != nil {
 		t.Errorf("headless Service DNS name from pod %s: %v%s", src, err, w.dnsHint(ctx))
-	} else if n := strings.Count(out, "Address: 10.") + strings.Count(out, "Address:\t10."); n < replicas {
-		// busybox prints one "Address: x" per record (the server's line names 10.96.0.10 too).
-		t.Errorf("headless Service mesh-headless resolves to %d addresses, want %d:\n%s", n, replicas, out)
+	} else {
+		got := map[string]bool{}
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Fields(line)
+			if len(f) == 2 && f[0] == "Address:" && !strings.Contains(f[1], "#") && !strings.HasSuffix(f[1], ":53") {
+				got[f[1]] = true
+			}
+		}
+		var missing []string
+		for _, p := range w.pods {
+			if !got[p.Status.PodIP] {
+				missing = append(missing, p.Name)
+			}
+		}
+		if len(missing) > 0 || len(got) != len(w.pods) {
+			t.Errorf("headless Service mesh-headless resolves to %d addresses for %d pods (missing %v):\n%s", len(got), len(w.pods), missing, out)
+		}
 	}
 	// The API server's Service, which every in-cluster client uses.
-	if out, err := w.e.exec(ctx, w.ns, src, "nc", "-z", "-w", "5", "kubernetes.default.svc.cluster.local", "443"); err != nil {
-		t.Errorf("pod %s -> kubernetes.default:443: %v %s", src, err, out)
+	if out, err := w.e.exec(ctx, w.ns, src, "/agnhost", "connect", "--timeout=5s", "kubernetes.default.svc.cluster.local:443"); err != nil {
+		t.Errorf("pod %s -> kubernetes.default:443 (TCP): %v %s", src, err, out)
 	}
 }
 
@@ -567,6 +603,10 @@ func (e *env) checkWaitReady(ctx context.Context, t *testing.T) {
 // mizar's API answers afterwards.
 func (w *workload) checkUpgradeUnderLoad(ctx context.Context, t *testing.T) {
 	a, b, c := w.pods[0], w.crossNodePeer(w.pods[0]), w.pods[len(w.pods)/2]
+	svc, err := w.e.cs.CoreV1().Services(w.ns).Get(ctx, "mesh", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	const seconds = 90
 	var wg sync.WaitGroup
 	var pingOut, httpOut string
@@ -579,7 +619,7 @@ func (w *workload) checkUpgradeUnderLoad(ctx context.Context, t *testing.T) {
 	go func() {
 		defer wg.Done()
 		script := fmt.Sprintf(`ok=0; fail=0; end=$(( $(date +%%s) + %d )); while [ $(date +%%s) -lt $end ]; do
-  if wget -q -T 2 -O /dev/null http://mesh/hostname; then ok=$((ok+1)); else fail=$((fail+1)); fi; sleep 0.1; done; echo "ok=$ok fail=$fail"`, seconds)
+  if wget -q -T 2 -O /dev/null http://%s/hostname; then ok=$((ok+1)); else fail=$((fail+1)); fi; sleep 0.1; done; echo "ok=$ok fail=$fail"`, seconds, svc.Spec.ClusterIP)
 		httpOut, httpErr = w.e.exec(ctx, w.ns, c.Name, "sh", "-c", script)
 	}()
 	time.Sleep(5 * time.Second)
@@ -602,7 +642,7 @@ func (w *workload) checkUpgradeUnderLoad(ctx context.Context, t *testing.T) {
 		t.Errorf("HTTP to Service mesh from %s during the upgrades: %v %s", c.Name, httpErr, strings.TrimSpace(httpOut))
 	}
 	t.Logf("ping: %s; http: %s", strings.TrimSpace(lastLines(pingOut, 2)), strings.TrimSpace(httpOut))
-	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := w.e.kubectlRun(ctx, "get", "vpcs.networking.mizar.dev")
 		return err == nil, nil
 	})
