@@ -125,6 +125,6 @@ rm -rf "$R/run/containerd"
 log "podman import (about 1 GB)"
 tar -C "$R" --numeric-owner -c . | podman import \
   --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
-  --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' - "$IMAGE" >/dev/null
+  --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' --quiet - "$IMAGE" >/dev/null
 log "built $IMAGE in $((SECONDS - start)) s"
 echo "$IMAGE"
