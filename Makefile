@@ -15,7 +15,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster
 
 all: build
 
@@ -134,6 +134,23 @@ bench-podnet: build
 # cnitool and libcni (needs root; also part of `make test`).
 e2e: build
 	$(GO) test -count=1 -v ./test/podnet
+
+# A real 3-node cluster in kind (podman provider, node image and every image
+# built here, cached in $(MIZAR_CACHE)) with mizar installed by its chart
+# (MIZAR_KIND_CNI=reference: the reference bridge + host-local plugins instead).
+# Needs root. KUBECONFIG=_output/kind/kubeconfig afterwards.
+kind-up:
+	hack/kind/up.sh
+
+kind-down:
+	hack/kind/down.sh
+
+# The cluster end to end (test/e2ecluster): brings the kind cluster up, installs
+# mizar with helm, checks pods, Services, DNS, NodePort, upgrades and uninstall,
+# and removes the cluster (MIZAR_E2E_KEEP=1 keeps it). Fails under CI=true if
+# it cannot run.
+e2e-cluster:
+	MIZAR_E2E_CLUSTER=1 $(GO) test -count=1 -v -timeout 55m ./test/e2ecluster
 
 # `make up` as root is the local multi-node cluster; these names stay as aliases.
 cluster-up: up

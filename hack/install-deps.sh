@@ -10,6 +10,8 @@ packages=(
   jq                            # make up reads cnitool's results
   protobuf-compiler             # protoc for go-to-protobuf in hack/update-codegen.sh (make codegen/verify)
   kmod                          # modprobe for the geneve/vxlan/veth modules in tests
+  debootstrap                   # the kind node image's Debian root (hack/kind/rootfs.sh)
+  podman runc conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
   nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
 )
 

@@ -8,6 +8,8 @@
 # Usage: hack/kube-binaries.sh [name...]
 #   names: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd
 #          kubectl-1.33 kwok helm        (default: the first five)
+#          kubelet kubeadm kube-proxy agnhost (the kind node image, hack/kind/)
+#          kind crictl coredns loopback portmap bridge host-local ptp
 # Prints the absolute path of each requested binary on stdout, one per line,
 # in the order asked; progress goes to stderr.
 #
@@ -38,9 +40,23 @@ modver() {
 spec() {
   local kube133 kube etcd
   case $1 in
-  kubectl | kube-apiserver | kube-controller-manager | kube-scheduler)
+  kubectl | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubeadm | kube-proxy)
+    # kubeadm derives the control-plane image tags from its own version: the ldflags are required.
     kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
     echo "$TOOLS/kube k8s.io/kubernetes/cmd/$1 $CACHE/kube-$kube $(kubeldflags "$kube")" ;;
+  agnhost)
+    kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
+    echo "$TOOLS/kube k8s.io/kubernetes/test/images/agnhost $CACHE/kube-$kube -s" ;;
+  kind)
+    echo "$TOOLS/kind sigs.k8s.io/kind $CACHE/kind-$(modver "$TOOLS/kind" sigs.k8s.io/kind) -s" ;;
+  crictl)
+    echo "$TOOLS/node sigs.k8s.io/cri-tools/cmd/crictl $CACHE/crictl-$(modver "$TOOLS/node" sigs.k8s.io/cri-tools) -s" ;;
+  coredns)
+    echo "$TOOLS/node github.com/coredns/coredns $CACHE/coredns-$(modver "$TOOLS/node" github.com/coredns/coredns) -s" ;;
+  loopback | portmap | bridge | host-local | ptp)
+    local d=main
+    case $1 in portmap) d=meta ;; host-local) d=ipam ;; esac
+    echo "$TOOLS/node github.com/containernetworking/plugins/plugins/$d/$1 $CACHE/cni-plugins-$(modver "$TOOLS/node" github.com/containernetworking/plugins) -s" ;;
   etcd)
     etcd=$(modver "$TOOLS/kube" go.etcd.io/etcd/server/v3)
     echo "$TOOLS/kube ./etcd $CACHE/etcd-$etcd -s" ;;
@@ -62,7 +78,7 @@ spec() {
     done
     echo "$TOOLS/helm helm.sh/helm/v3/cmd/helm $CACHE/helm-$h $f" ;;
   *)
-    log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm)"
+    log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm kubelet kubeadm kube-proxy agnhost kind crictl coredns loopback portmap bridge host-local ptp)"
     exit 2 ;;
   esac
 }

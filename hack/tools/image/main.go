@@ -1,8 +1,13 @@
 // Command image writes an OCI image layout, tarred, holding one static binary
-// on an empty base: what `kind load image-archive` and `ctr images import` take.
+// on an empty base (or on a root filesystem given as a tarball, --base): what
+// `kind load image-archive` and `ctr images import` take.
 //
 //	image --binary _output/bin/mizar-apiserver --path /mizar-apiserver \
 //	      --name mizar.dev/mizar-apiserver:dev --out _output/images/mizar-apiserver.tar
+//
+// --user and --env set the image's user (default 65532:65532, non-root) and
+// environment: the kind node's control-plane images run as root, as kubeadm's
+// static pods expect, and find their command on PATH.
 package main
 
 import (
@@ -30,20 +35,44 @@ func main() {
 	path := flag.String("path", "", "where the binary goes in the image (its entrypoint)")
 	name := flag.String("name", "", "image reference, e.g. mizar.dev/mizar-apiserver:dev")
 	out := flag.String("out", "", "output tarball")
-	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar=/opt/mizar/bin/mizar")
+	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar-cni=/mizar-cni")
+	base := flag.String("base", "", "tarball of a root filesystem to put under the binary (first layer)")
 	user := flag.String("user", "65532:65532", "the image's user (uid:gid); 0:0 for a node agent that loads BPF programs")
+	env := flag.String("env", "", "comma-separated KEY=VALUE environment of the image, e.g. PATH=/usr/local/bin:/usr/bin")
 	flag.Parse()
 	if *binary == "" || *path == "" || *name == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "image: --binary, --path, --name and --out are required")
 		os.Exit(2)
 	}
-	if err := run(*binary, *path, *name, *out, *extra, *user); err != nil {
+	s := spec{binary: *binary, path: *path, name: *name, out: *out, extra: *extra, base: *base, user: *user}
+	if *env != "" {
+		s.env = strings.Split(*env, ",")
+	}
+	if err := build(s); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
+// spec is one image: the binary at path (the entrypoint), extra files, an
+// optional base root filesystem, the user and environment.
+type spec struct {
+	binary, path, name, out, extra, base, user string
+	env                                        []string
+}
+
+// run builds an image of the binary alone, as user.
 func run(binary, path, name, out, extra, user string) error {
+	return build(spec{binary: binary, path: path, name: name, out: out, extra: extra, user: user})
+}
+
+func build(s spec) error {
+	binary, path, name, out, extra := s.binary, s.path, s.name, s.out, s.extra
+	for _, kv := range s.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+	}
 	files := map[string]string{path: binary}
 	if extra != "" {
 		for _, kv := range strings.Split(extra, ",") {
@@ -58,9 +87,21 @@ func run(binary, path, name, out, extra, user string) error {
 	if err != nil {
 		return err
 	}
+	layers := []v1.Layer{layer}
+	if s.base != "" {
+		if _, err := os.Stat(s.base); err != nil {
+			return fmt.Errorf("--base: %w", err)
+		}
+		// Compressed as the image is written; the tarball holds the rootfs as is.
+		rootfs, err := tarball.LayerFromFile(s.base, tarball.WithMediaType(types.OCILayer))
+		if err != nil {
+			return fmt.Errorf("reading the base %s: %w", s.base, err)
+		}
+		layers = []v1.Layer{rootfs, layer}
+	}
 	// OCI media types throughout (empty.Image starts with Docker's).
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.AppendLayers(base, layer)
+	img, err := mutate.AppendLayers(base, layers...)
 	if err != nil {
 		return fmt.Errorf("adding the layer: %w", err)
 	}
@@ -70,8 +111,9 @@ func run(binary, path, name, out, extra, user string) error {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", "amd64"
-	// Non-root unless asked: the chart's apiserver securityContext expects 65532.
-	cfg.Config.User = user
+	// Non-root by default (--user), as the chart's securityContext expects.
+	cfg.Config.User = s.user
+	cfg.Config.Env = s.env
 	cfg.Config.Entrypoint = []string{path}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("setting the image config: %w", err)

@@ -118,3 +118,113 @@ func untar(t *testing.T, file, dst string) {
 		}
 	}
 }
+
+// TestImageOnBase puts the binary on a root filesystem tarball: the base is the
+// first layer, byte for byte, the binary the second, and --user/--env reach
+// the config; a bad --env or a missing base is refused.
+func TestImageOnBase(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "prog")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	baseTar := filepath.Join(dir, "rootfs.tar")
+	f, err := os.Create(baseTar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	body := []byte("hello\n")
+	for _, h := range []*tar.Header{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "etc/hello", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))},
+		{Name: "bin/sh", Typeflag: tar.TypeSymlink, Linkname: "/bin/busybox", Mode: 0o777},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(body); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	out := filepath.Join(dir, "img.tar")
+	s := spec{binary: bin, path: "/usr/local/bin/prog", name: "mizar.dev/base:dev", out: out, base: baseTar,
+		user: "0:0", env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}}
+	if err := build(s); err != nil {
+		t.Fatal(err)
+	}
+	lay := filepath.Join(dir, "layout")
+	untar(t, out, lay)
+	p, err := layout.FromPath(lay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("index: %v, %v", im, err)
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validate.Image(img); err != nil {
+		t.Errorf("image does not validate: %v", err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Config.User != "0:0" || len(cfg.Config.Env) != 1 || cfg.Config.Env[0] != "PATH=/usr/local/bin:/usr/bin:/bin" ||
+		cfg.Config.Entrypoint[0] != "/usr/local/bin/prog" {
+		t.Errorf("config: user %q env %v entrypoint %v", cfg.Config.User, cfg.Config.Env, cfg.Config.Entrypoint)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("layers: %d, %v", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got := map[string]*tar.Header{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[h.Name] = h
+	}
+	if h := got["bin/sh"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "/bin/busybox" {
+		t.Errorf("base layer lost the symlink: %+v", h)
+	}
+	if h := got["etc/hello"]; h == nil || h.Size != int64(len(body)) {
+		t.Errorf("base layer lost etc/hello: %+v", h)
+	}
+
+	bad := s
+	bad.env = []string{"NOEQUALS"}
+	if err := build(bad); err == nil {
+		t.Error("--env without = gave no error")
+	}
+	bad = s
+	bad.base = filepath.Join(dir, "missing.tar")
+	if err := build(bad); err == nil {
+		t.Error("a missing --base gave no error")
+	}
+}
