@@ -53,6 +53,9 @@ type BrokerOptions struct {
 	// fulfillmentStarted says it was started (by a post-start hook).
 	fulfillmentDone    chan struct{}
 	fulfillmentStarted atomic.Bool
+	// leaseFile keeps this replica's election lease across a crash (see
+	// leader.Options.LeaseFile), in the server's data directory.
+	leaseFile string
 }
 
 // AddFlags registers the broker flags.
@@ -168,7 +171,7 @@ func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Con
 	o.fulfillmentStarted.Store(true)
 	go func() {
 		defer close(o.fulfillmentDone)
-		err := leader.Run(ctx, leader.Options{Etcd: etcd, Key: fulfillment.ElectionKey, Name: "Fulfillment operator", Identity: identity},
+		err := leader.Run(ctx, leader.Options{Etcd: etcd, Key: fulfillment.ElectionKey, Name: "Fulfillment operator", Identity: identity, LeaseFile: o.leaseFile},
 			func(ctx context.Context) error {
 				// A fresh operator each term: its caches start from what is there now.
 				c, err := fulfillment.New(mizar, workload)

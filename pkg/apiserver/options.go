@@ -386,6 +386,8 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.Broker.Fulfillment {
 		// It uses the etcd client closed by the cleanups: wait for it first.
 		defer o.Broker.WaitFulfillment()
+		// A restart after a kill -9 leads at once instead of waiting out its own dead lease.
+		o.Broker.leaseFile = filepath.Join(o.DataDir, "broker-fulfillment.lease")
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-fulfillment", func(hc genericapiserver.PostStartHookContext) error {
 			return o.Broker.startFulfillment(hc, hc.LoopbackClientConfig, server.GenericAPIServer.Handler, client)
 		})

@@ -2,8 +2,11 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -39,6 +42,7 @@ func (r *REST) Create(ctx context.Context, obj runtime.Object, createValidation 
 // runs as a create with claims when its kind has any.
 func (r *REST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc,
 	updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	objInfo = patchErrors{objInfo}
 	if r.withClaims == nil || !forceAllowCreate {
 		return r.Store.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
 	}
@@ -146,4 +150,19 @@ func NewREST[T runtime.Object, S, St any](k *Kind[T, S, St], scheme *runtime.Sch
 
 func (s *strategy[T, S, St]) statusStrategy() *statusStrategy[T, S, St] {
 	return &statusStrategy[T, S, St]{strategy: s}
+}
+
+// patchErrors answers 422 for a patch that cannot be made into an object.
+// Server-side apply reports a duplicated list-map key (two plans of one
+// name) as a plain error, which the handler would answer with a 500; the
+// other patch types already answer 400 or 422.
+type patchErrors struct{ rest.UpdatedObjectInfo }
+
+func (p patchErrors) UpdatedObject(ctx context.Context, old runtime.Object) (runtime.Object, error) {
+	obj, err := p.UpdatedObjectInfo.UpdatedObject(ctx, old)
+	var status apierrors.APIStatus
+	if err != nil && !errors.As(err, &status) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return nil, apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "patch", schema.GroupResource{}, "", err.Error(), 0, false)
+	}
+	return obj, err
 }

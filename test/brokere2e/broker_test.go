@@ -104,20 +104,30 @@ func (o workloadObjects) exactlyOne() error {
 }
 
 // waitGone waits until the namespace holds none of the order's objects,
-// pods and claims included.
+// pods and claims included (every workload object carries the order's name
+// in a label; pods and claims are all the order's in a test's namespace).
 func waitGone(t *testing.T, ns string) {
 	t.Helper()
-	waitFor(t, time.Minute, "the order's workload removed", func(ctx context.Context) (bool, error) {
-		_, e1 := kube.AppsV1().StatefulSets(ns).Get(ctx, orderName, metav1.GetOptions{})
-		_, e2 := kube.CoreV1().Services(ns).Get(ctx, orderName, metav1.GetOptions{})
-		_, e3 := kube.CoreV1().Secrets(ns).Get(ctx, orderName+"-credentials", metav1.GetOptions{})
-		pods, e4 := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		pvcs, e5 := kube.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
-		if e4 != nil || e5 != nil {
+	waitGoneNamed(t, ns, orderName, true)
+}
+
+func waitGoneNamed(t *testing.T, ns, name string, wholeNamespace bool) {
+	t.Helper()
+	sel := metav1.ListOptions{LabelSelector: fulfillment.LabelInstance + "=" + name}
+	all := sel // pods and claims carry the order's labels too
+	if wholeNamespace {
+		all = metav1.ListOptions{}
+	}
+	waitFor(t, time.Minute, "the workload of order "+name+" removed", func(ctx context.Context) (bool, error) {
+		sets, e1 := kube.AppsV1().StatefulSets(ns).List(ctx, sel)
+		svcs, e2 := kube.CoreV1().Services(ns).List(ctx, sel)
+		secrets, e3 := kube.CoreV1().Secrets(ns).List(ctx, sel)
+		pods, e4 := kube.CoreV1().Pods(ns).List(ctx, all)
+		pvcs, e5 := kube.CoreV1().PersistentVolumeClaims(ns).List(ctx, all)
+		if e1 != nil || e2 != nil || e3 != nil || e4 != nil || e5 != nil {
 			return false, nil
 		}
-		return apierrors.IsNotFound(e1) && apierrors.IsNotFound(e2) && apierrors.IsNotFound(e3) &&
-			len(pods.Items) == 0 && len(pvcs.Items) == 0, nil
+		return len(sets.Items)+len(svcs.Items)+len(secrets.Items)+len(pods.Items)+len(pvcs.Items) == 0, nil
 	})
 }
 
@@ -192,7 +202,7 @@ func TestOrderBecomesAStatefulSetWhosePodsAreReady(t *testing.T) {
 	if err := objs.exactlyOne(); err != nil {
 		t.Fatal(err)
 	}
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, orderName, metav1.GetOptions{})
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, final.Status.WorkloadName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -295,15 +295,23 @@ func servedNamespace(t *testing.T, volumes int, size string) string {
 	if _, err := kube.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Statically provisioned volumes: no provisioner runs here.
+	createVolumes(t, ns, volumes, size)
+	return ns
+}
+
+// createVolumes makes n statically provisioned volumes (no provisioner runs
+// here) for any claim to bind to; they go at cleanup.
+func createVolumes(t *testing.T, prefix string, volumes int, size string) {
+	t.Helper()
+	ctx := context.Background()
 	for i := range volumes {
 		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", ns, i)},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i)},
 			Spec: corev1.PersistentVolumeSpec{
 				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)},
 				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + ns}},
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/" + prefix}},
 			},
 		}
 		if _, err := kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
@@ -313,7 +321,6 @@ func servedNamespace(t *testing.T, volumes int, size string) string {
 			_ = kube.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
 		})
 	}
-	return ns
 }
 
 // waitFor polls cond until it holds or the timeout passes.

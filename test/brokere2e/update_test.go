@@ -54,7 +54,7 @@ func TestPlanUpdateRollsTheStatefulSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, orderName, metav1.GetOptions{})
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, final.Status.WorkloadName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

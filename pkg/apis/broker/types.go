@@ -66,6 +66,7 @@ type ServicePlan struct {
 	Memory                  resource.Quantity
 	MaxProvisioningDuration *metav1.Duration
 	ParametersSchema        *runtime.RawExtension
+	BindingParametersSchema *runtime.RawExtension
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -104,6 +105,7 @@ type ServiceInstanceStatus struct {
 	Operation          string
 	Steps              []Step
 	ConnectionSecret   string
+	WorkloadName       string
 }
 
 type Step struct {
@@ -137,7 +139,8 @@ type ServiceBinding struct {
 }
 
 type ServiceBindingSpec struct {
-	Instance string
+	Instance   string
+	Parameters *runtime.RawExtension
 }
 
 type ServiceBindingStatus struct {

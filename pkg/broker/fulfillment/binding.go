@@ -8,7 +8,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
 )
@@ -79,6 +81,23 @@ func (c *Controller) reconcileBinding(ctx context.Context, namespace, name strin
 	b.Status = *want
 	if _, err := c.orders.ServiceBindings(namespace).UpdateStatus(ctx, b, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("writing the binding's status: %w", err)
+	}
+	return nil
+}
+
+// deleteBindings deletes every binding of an order being deleted. It asks
+// the server, not the cache: a binding the cache has not seen yet must go too.
+func (c *Controller) deleteBindings(ctx context.Context, in *brokerv1.ServiceInstance) error {
+	bindings := c.orders.ServiceBindings(in.Namespace)
+	list, err := bindings.List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.instance", in.Name).String()})
+	if err != nil {
+		return fmt.Errorf("listing the bindings of %s: %w", in.Name, err)
+	}
+	for _, b := range list.Items {
+		if err := bindings.Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting binding %s of %s: %w", b.Name, in.Name, err)
+		}
+		klog.InfoS("Deleted the binding of a deprovisioned instance", "binding", klog.KObj(&b), "instance", in.Name)
 	}
 	return nil
 }

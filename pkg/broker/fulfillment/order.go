@@ -335,6 +335,11 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 		return 0, nil
 	}
 
+	if in.Status.WorkloadName == "" {
+		// Picked once and written with the first progress, before any step
+		// makes a workload object under it.
+		in.Status.WorkloadName = workloadName(in)
+	}
 	p := progressOf(in)
 	if in.DeletionTimestamp == nil && in.Status.ObservedGeneration != in.Generation && (p.Phase == saga.Succeeded || p.Phase == saga.Running) &&
 		slices.ContainsFunc(p.Steps, func(s saga.StepProgress) bool { return s.Name == StepStatefulSet && s.State == saga.Done }) {
@@ -364,6 +369,11 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 		return 0, err
 	}
 	if res.Finished && in.DeletionTimestamp != nil {
+		// The credentials are gone with the workload: so are the bindings that
+		// handed them out, or they would outlive their instance.
+		if err := c.deleteBindings(ctx, in); err != nil {
+			return 0, err
+		}
 		in.Finalizers = slices.DeleteFunc(in.Finalizers, func(f string) bool { return f == Finalizer })
 		if _, err := c.orders.ServiceInstances(namespace).Update(ctx, in, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return 0, fmt.Errorf("removing the finalizer: %w", err)

@@ -3,16 +3,21 @@ package fulfillment
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
 	"encoding/base64"
 	"fmt"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
@@ -35,11 +40,56 @@ const (
 	dataVolume = "data"
 )
 
-// names are the workload objects of one order; all derive from its name.
+// names are the workload objects of one order; all derive from the
+// workload name its status keeps.
 type names struct{ secret, service, statefulSet string }
 
 func namesOf(in *brokerv1.ServiceInstance) names {
-	return names{secret: in.Name + "-credentials", service: in.Name, statefulSet: in.Name}
+	w := workloadName(in)
+	return names{secret: w + "-credentials", service: w, statefulSet: w}
+}
+
+// workloadName is the name the order's StatefulSet and Service carry: the one
+// in its status once picked; else, for an order that made objects before
+// status.workloadName existed, its own name (what they were made under).
+func workloadName(in *brokerv1.ServiceInstance) string {
+	if in.Status.WorkloadName != "" {
+		return in.Status.WorkloadName
+	}
+	for _, s := range in.Status.Steps {
+		if makers[s.Name] && s.State != brokerv1.StepPending {
+			return in.Name
+		}
+	}
+	return NewWorkloadName(in.Spec.Class, in.UID)
+}
+
+// maxWorkloadPrefix keeps "<prefix>-<hash>" within 52 characters, the
+// StatefulSet limit (its pods' controller-revision-hash label adds 11 to
+// the name and must fit in 63).
+const maxWorkloadPrefix = 52 - 1 - workloadHashLen
+
+// workloadHashLen characters of base32 carry 60 bits of the order's uid.
+const workloadHashLen = 12
+
+var lowerBase32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// NewWorkloadName is a name for an order's workload that is a DNS-1035
+// label (what a Service name must be) whatever the order is called: an OSB
+// instance id may be any string, and a GUID begins with a digit 10 times in
+// 16. It is the class name when that is a DNS-1035 label (else "svc"), then
+// a hash of the order's uid, so it is unique per order and the same on
+// every run.
+func NewWorkloadName(class string, uid types.UID) string {
+	prefix := class
+	if len(prefix) > maxWorkloadPrefix {
+		prefix = strings.TrimRight(prefix[:maxWorkloadPrefix], "-")
+	}
+	if len(utilvalidation.IsDNS1035Label(prefix)) > 0 {
+		prefix = "svc"
+	}
+	sum := sha256.Sum256([]byte(uid))
+	return prefix + "-" + lowerBase32.EncodeToString(sum[:])[:workloadHashLen]
 }
 
 func labelsOf(in *brokerv1.ServiceInstance) map[string]string {

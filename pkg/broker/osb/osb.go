@@ -26,7 +26,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -83,9 +82,13 @@ func (b *Broker) Start(ctx context.Context) error {
 
 // Handler is the HTTP API: Basic auth, then the version check, then the routes.
 func (b *Broker) Handler(creds Credentials, logger *slog.Logger) http.Handler {
+	// Parameters stay out of the log, whoever logs (see redactingHandler).
+	logger = slog.New(redactingHandler{logger.Handler()})
 	h := brokerapi.NewWithOptions(b, logger,
 		brokerapi.WithCustomAuth(creds.middleware),
 		brokerapi.WithCustomAuth(checkVersion),
+		// After authentication: an anonymous client gets 401 before its body is read.
+		brokerapi.WithCustomAuth(checkBody),
 		brokerapi.WithAdditionalMiddleware(retryAfter),
 	)
 	return h
@@ -98,7 +101,7 @@ func checkVersion(next http.Handler) http.Handler {
 		v := r.Header.Get("X-Broker-API-Version")
 		var major, minor int
 		if n, err := fmt.Sscanf(v, "%d.%d", &major, &minor); err != nil || n != 2 || major != 2 || minor < MinMinorVersion || minor > MaxMinorVersion {
-			writeError(w, http.StatusPreconditionFailed, "", fmt.Sprintf("X-Broker-API-Version %q is not supported; this broker speaks 2.%d to 2.%d", v, MinMinorVersion, MaxMinorVersion))
+			writeError(w, http.StatusPreconditionFailed, ErrKeyVersion, fmt.Sprintf("X-Broker-API-Version %q is not supported; this broker speaks 2.%d to 2.%d", v, MinMinorVersion, MaxMinorVersion))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -127,7 +130,6 @@ func failure(err error, code int, key string) error {
 
 var (
 	errNotFound  = failure(errors.New("no such service instance"), http.StatusNotFound, "NotFound")
-	errNotReady  = failure(errors.New("the service instance is not provisioned yet; poll last_operation until it succeeds"), http.StatusUnprocessableEntity, "ConcurrencyError")
 	errBadParams = func(err error) error { return failure(err, http.StatusBadRequest, "ValidationFailed") }
 )
 
@@ -177,10 +179,16 @@ type catalogEntry struct {
 }
 
 // service is a class as an OSB catalog entry.
+//
+// plan_updateable is false for the service and true only on a plan that has
+// another plan to change to: one with the same storage (a StatefulSet's
+// claims cannot be resized, so the registry refuses any other change).
+// Schemas are complete or absent: the library would write "parameters":
+// null for any schema left out, which is not a schema.
 func service(c *brokerv1.ServiceClass) domain.Service {
 	s := domain.Service{
 		ID: c.Spec.ID, Name: c.Name, Description: c.Spec.Description, Bindable: c.Spec.Bindable,
-		PlanUpdatable: true, Tags: []string{c.Name},
+		PlanUpdatable: false, Tags: []string{c.Name},
 	}
 	for _, p := range c.Spec.Plans {
 		plan := domain.ServicePlan{ID: p.ID, Name: p.Name, Description: p.Description, Free: domain.FreeValue(true)}
@@ -188,15 +196,57 @@ func service(c *brokerv1.ServiceClass) domain.Service {
 			secs := int(p.MaxProvisioningDuration.Seconds())
 			plan.MaximumPollingDuration = &secs
 		}
-		if p.ParametersSchema != nil {
-			var schema map[string]any
-			if err := json.Unmarshal(p.ParametersSchema.Raw, &schema); err == nil {
-				plan.Schemas = &domain.ServiceSchemas{Instance: domain.ServiceInstanceSchema{Create: domain.Schema{Parameters: schema}}}
+		if changeable(c, p.Name) {
+			plan.PlanUpdatable = domain.PlanUpdatableValue(true)
+		}
+		if p.ParametersSchema != nil || p.BindingParametersSchema != nil {
+			instance := catalogSchema(p.ParametersSchema)
+			plan.Schemas = &domain.ServiceSchemas{
+				// An update's parameters are checked against the same schema as a provision's.
+				Instance: domain.ServiceInstanceSchema{Create: domain.Schema{Parameters: instance}, Update: domain.Schema{Parameters: instance}},
+				Binding:  domain.ServiceBindingSchema{Create: domain.Schema{Parameters: catalogSchema(p.BindingParametersSchema)}},
 			}
 		}
 		s.Plans = append(s.Plans, plan)
 	}
 	return s
+}
+
+// changeable reports whether an instance of the plan may move to another plan.
+func changeable(c *brokerv1.ServiceClass, plan string) bool {
+	var from *brokerv1.ServicePlan
+	for i := range c.Spec.Plans {
+		if c.Spec.Plans[i].Name == plan {
+			from = &c.Spec.Plans[i]
+		}
+	}
+	for _, p := range c.Spec.Plans {
+		if from != nil && p.Name != plan && p.Storage.Cmp(from.Storage) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// noParameters is the schema of what takes no parameters: an empty object.
+const noParameters = `{"type":"object","additionalProperties":false}`
+
+// catalogSchema is a stored schema as the catalog shows it, with the "$schema"
+// the spec requires (draft 4: what the validator implements).
+func catalogSchema(raw *runtime.RawExtension) map[string]any {
+	data := []byte(noParameters)
+	if raw != nil {
+		data = raw.Raw
+	}
+	var schema map[string]any
+	if err := json.Unmarshal(data, &schema); err != nil || schema == nil {
+		// Stored schemas were parsed when the class was validated.
+		_ = json.Unmarshal([]byte(noParameters), &schema)
+	}
+	if _, ok := schema["$schema"]; !ok {
+		schema["$schema"] = "http://json-schema.org/draft-04/schema#"
+	}
+	return schema
 }
 
 // classFor finds the class and plan names of OSB service and plan ids.
@@ -218,18 +268,26 @@ func (b *Broker) classFor(ctx context.Context, serviceID, planID string) (string
 	return "", "", errBadParams(fmt.Errorf("service %s has no plan %s", serviceID, planID))
 }
 
-// checkID makes sure an OSB id can name a Kubernetes object.
+// checkID refuses what the spec refuses, an empty id, and ids over MaxIDBytes.
+// Any other string works: ObjectName maps it to an object name.
 func checkID(kind, id string) error {
-	if msgs := utilvalidation.IsDNS1123Label(id); len(msgs) > 0 || len(id) > 52 {
-		return errBadParams(fmt.Errorf("%s id %q must be a lower-case RFC 1123 label of at most 52 characters (a GUID is): %s", kind, id, strings.Join(msgs, "; ")))
+	switch {
+	case id == "":
+		return errBadParams(fmt.Errorf("the %s id is empty", kind))
+	case len(id) > MaxIDBytes:
+		return errBadParams(fmt.Errorf("the %s id is %d bytes; at most %d are accepted", kind, len(id), MaxIDBytes))
 	}
 	return nil
 }
 
-func (b *Broker) instances() interface {
-	Get(context.Context, string, metav1.GetOptions) (*brokerv1.ServiceInstance, error)
-} {
-	return b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace)
+// getInstance reads the order placed under an OSB id: NotFound unless it is
+// this id's (see ObjectName).
+func (b *Broker) getInstance(ctx context.Context, id string) (*brokerv1.ServiceInstance, error) {
+	in, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Get(ctx, ObjectName(id), metav1.GetOptions{})
+	if err == nil && !isFor(in, id) {
+		return nil, apierrors.NewNotFound(brokerv1.Resource("serviceinstances"), id)
+	}
+	return in, err
 }
 
 // Provision places an order, or answers for the one already placed under this id.
@@ -240,6 +298,10 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 	if err := checkID("instance", id); err != nil {
 		return domain.ProvisionedServiceSpec{}, err
 	}
+	// Deprecated in favour of context, but still REQUIRED in 2.13 to 2.17.
+	if d.OrganizationGUID == "" || d.SpaceGUID == "" {
+		return domain.ProvisionedServiceSpec{}, errBadParams(errors.New("organization_guid and space_guid are required"))
+	}
 	class, plan, err := b.classFor(ctx, d.ServiceID, d.PlanID)
 	if err != nil {
 		return domain.ProvisionedServiceSpec{}, err
@@ -249,8 +311,9 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 		want.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
 	}
 	in := &brokerv1.ServiceInstance{
-		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
-		Spec:       want,
+		ObjectMeta: metav1.ObjectMeta{Name: ObjectName(id), Namespace: b.namespace,
+			Labels: map[string]string{LabelOSB: "true"}, Annotations: map[string]string{AnnotationID: id}},
+		Spec: want,
 	}
 	created, err := b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Create(ctx, in, metav1.CreateOptions{})
 	switch {
@@ -261,7 +324,11 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 	case !apierrors.IsAlreadyExists(err):
 		return domain.ProvisionedServiceSpec{}, fmt.Errorf("placing the order: %w", err)
 	}
-	existing, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	existing, err := b.getInstance(ctx, id)
+	if apierrors.IsNotFound(err) {
+		// Another id's order holds the name (see ObjectName), or it just went.
+		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+	}
 	if err != nil {
 		return domain.ProvisionedServiceSpec{}, fmt.Errorf("reading the existing order: %w", err)
 	}
@@ -278,15 +345,17 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 }
 
 func sameOrder(a, b *brokerv1.ServiceInstanceSpec) bool {
-	if a.Class != b.Class || a.Plan != b.Plan {
-		return false
-	}
+	return a.Class == b.Class && a.Plan == b.Plan && sameParameters(a.Parameters, b.Parameters)
+}
+
+// sameParameters compares parameters as JSON values; none and {} are the same.
+func sameParameters(a, b *runtime.RawExtension) bool {
 	var pa, pb any
-	if a.Parameters != nil {
-		_ = json.Unmarshal(a.Parameters.Raw, &pa)
+	if a != nil {
+		_ = json.Unmarshal(a.Raw, &pa)
 	}
-	if b.Parameters != nil {
-		_ = json.Unmarshal(b.Parameters.Raw, &pb)
+	if b != nil {
+		_ = json.Unmarshal(b.Raw, &pb)
 	}
 	if m, ok := pa.(map[string]any); ok && len(m) == 0 {
 		pa = nil
@@ -320,7 +389,7 @@ func (b *Broker) Deprovision(ctx context.Context, id string, _ domain.Deprovisio
 	if !async {
 		return domain.DeprovisionServiceSpec{}, apiresponses.ErrAsyncRequired
 	}
-	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	in, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		return domain.DeprovisionServiceSpec{}, apiresponses.ErrInstanceDoesNotExist
 	}
@@ -328,7 +397,9 @@ func (b *Broker) Deprovision(ctx context.Context, id string, _ domain.Deprovisio
 		return domain.DeprovisionServiceSpec{}, fmt.Errorf("reading the order: %w", err)
 	}
 	uid := in.UID
-	err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Delete(ctx, id, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	// Its bindings go with it: the fulfillment operator deletes them once the
+	// workload (and so the credentials) is gone.
+	err = b.mizar.BrokerV1alpha1().ServiceInstances(b.namespace).Delete(ctx, in.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return domain.DeprovisionServiceSpec{}, apiresponses.ErrInstanceDoesNotExist
 	}
@@ -354,7 +425,7 @@ func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, 
 	if !async {
 		return domain.UpdateServiceSpec{}, apiresponses.ErrAsyncRequired
 	}
-	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	in, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		return domain.UpdateServiceSpec{}, errNotFound
 	}
@@ -418,7 +489,7 @@ func invalidField(err error, field string) bool {
 
 // LastOperation reports the order's progress from its status.
 func (b *Broker) LastOperation(ctx context.Context, id string, d domain.PollDetails) (domain.LastOperation, error) {
-	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	in, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		if strings.HasPrefix(d.OperationData, "deprovision-") {
 			return domain.LastOperation{}, apiresponses.ErrInstanceDoesNotExist
@@ -458,19 +529,41 @@ func lastOperation(in *brokerv1.ServiceInstance) domain.LastOperation {
 }
 
 // Bind records a ServiceBinding and hands out the instance's credentials.
-func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDetails, _ bool) (domain.Binding, error) {
+// The service and plan ids must be the instance's (400); the parameters are
+// stored with the binding and checked against the plan's binding schema by
+// the registry (400). The same binding again answers 200, another one under
+// the same id 409.
+func (b *Broker) Bind(ctx context.Context, id, bindingID string, d domain.BindDetails, _ bool) (domain.Binding, error) {
 	if err := checkID("binding", bindingID); err != nil {
 		return domain.Binding{}, err
 	}
-	in, err := b.instances().Get(ctx, id, metav1.GetOptions{})
+	in, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		return domain.Binding{}, failure(fmt.Errorf("service instance %s does not exist", id), http.StatusNotFound, "NotFound")
 	}
 	if err != nil {
 		return domain.Binding{}, fmt.Errorf("reading the order: %w", err)
 	}
-	if in.Status.Phase != brokerv1.PhaseProvisioned || in.DeletionTimestamp != nil {
-		return domain.Binding{}, errNotReady
+	class, err := b.classes.Get(in.Spec.Class)
+	if err != nil {
+		return domain.Binding{}, fmt.Errorf("reading service class %s of instance %s: %w", in.Spec.Class, id, err)
+	}
+	planID := ""
+	for _, p := range class.Spec.Plans {
+		if p.Name == in.Spec.Plan {
+			planID = p.ID
+		}
+	}
+	switch {
+	case d.ServiceID != class.Spec.ID:
+		return domain.Binding{}, errBadParams(fmt.Errorf("service_id %s is not the service of instance %s", d.ServiceID, id))
+	case d.PlanID != planID:
+		return domain.Binding{}, errBadParams(fmt.Errorf("plan_id %s is not the plan of instance %s", d.PlanID, id))
+	case !class.Spec.Bindable:
+		return domain.Binding{}, errBadParams(fmt.Errorf("service %s is not bindable", class.Name))
+	}
+	if err := usable(in); err != nil {
+		return domain.Binding{}, err
 	}
 	creds, err := b.credentials(ctx, in)
 	if err != nil {
@@ -478,25 +571,56 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, _ domain.BindDe
 	}
 	bindings := b.mizar.BrokerV1alpha1().ServiceBindings(b.namespace)
 	sb := &brokerv1.ServiceBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: bindingID, Namespace: b.namespace, Labels: map[string]string{LabelOSB: "true"}},
-		Spec:       brokerv1.ServiceBindingSpec{Instance: id},
+		ObjectMeta: metav1.ObjectMeta{Name: ObjectName(bindingID), Namespace: b.namespace,
+			Labels:      map[string]string{LabelOSB: "true"},
+			Annotations: map[string]string{AnnotationID: bindingID, AnnotationPlanID: d.PlanID}},
+		Spec: brokerv1.ServiceBindingSpec{Instance: in.Name},
+	}
+	if len(d.RawParameters) > 0 && string(d.RawParameters) != "null" {
+		sb.Spec.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
 	}
 	_, err = bindings.Create(ctx, sb, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
-		if err != nil {
-			return domain.Binding{}, fmt.Errorf("reading the existing binding: %w", err)
-		}
-		if existing.Spec.Instance != id {
-			return domain.Binding{}, apiresponses.ErrBindingAlreadyExists
-		}
-		return domain.Binding{AlreadyExists: true, Credentials: creds}, nil
-	}
-	if err != nil {
+	switch {
+	case err == nil:
+		// Its status is the fulfillment operator's to write, as for one made with kubectl.
+		return domain.Binding{Credentials: creds}, nil
+	case apierrors.IsInvalid(err):
+		return domain.Binding{}, errBadParams(fmt.Errorf("invalid binding: %s", invalidCauses(err)))
+	case !apierrors.IsAlreadyExists(err):
 		return domain.Binding{}, fmt.Errorf("recording the binding: %w", err)
 	}
-	// Its status is the fulfillment operator's to write, as for one made with kubectl.
-	return domain.Binding{Credentials: creds}, nil
+	existing, err := bindings.Get(ctx, sb.Name, metav1.GetOptions{})
+	if err != nil {
+		return domain.Binding{}, fmt.Errorf("reading the existing binding: %w", err)
+	}
+	if !isFor(existing, bindingID) || existing.Spec.Instance != in.Name || !sameParameters(existing.Spec.Parameters, sb.Spec.Parameters) ||
+		(existing.Annotations[AnnotationPlanID] != "" && existing.Annotations[AnnotationPlanID] != d.PlanID) {
+		return domain.Binding{}, apiresponses.ErrBindingAlreadyExists
+	}
+	return domain.Binding{AlreadyExists: true, Credentials: creds}, nil
+}
+
+// AnnotationPlanID keeps the plan id a binding was made with: binding the
+// same id again with another plan is a different binding (409).
+const AnnotationPlanID = "broker.mizar.dev/osb-plan-id"
+
+// usable says why an instance cannot be bound yet, if it cannot: 422
+// ConcurrencyError while an operation runs (the platform waits and retries),
+// 422 InstanceNotUsable when it failed (waiting will not help).
+func usable(in *brokerv1.ServiceInstance) error {
+	switch {
+	case in.DeletionTimestamp != nil:
+		return failure(errors.New("the service instance is being deprovisioned"), http.StatusUnprocessableEntity, "ConcurrencyError")
+	case in.Status.Phase == brokerv1.PhaseFailed:
+		msg := "its operation failed"
+		if c := meta.FindStatusCondition(in.Status.Conditions, fulfillment.ConditionReady); c != nil && c.Message != "" {
+			msg = c.Message
+		}
+		return failure(fmt.Errorf("the service instance cannot be bound: %s; deprovision it (or update it to a working plan)", msg), http.StatusUnprocessableEntity, "InstanceNotUsable")
+	case in.Status.Phase != brokerv1.PhaseProvisioned || in.Status.ObservedGeneration != in.Generation:
+		return failure(errors.New("the service instance is still being provisioned or updated; bind once last_operation says succeeded"), http.StatusUnprocessableEntity, "ConcurrencyError")
+	}
+	return nil
 }
 
 // credentials reads the instance's connection Secret in the workload cluster.
@@ -521,14 +645,15 @@ func (b *Broker) credentials(ctx context.Context, in *brokerv1.ServiceInstance) 
 // Unbind deletes the binding.
 func (b *Broker) Unbind(ctx context.Context, id, bindingID string, _ domain.UnbindDetails, _ bool) (domain.UnbindSpec, error) {
 	bindings := b.mizar.BrokerV1alpha1().ServiceBindings(b.namespace)
-	existing, err := bindings.Get(ctx, bindingID, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) || (err == nil && existing.Spec.Instance != id) {
+	existing, err := bindings.Get(ctx, ObjectName(bindingID), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && (!isFor(existing, bindingID) || existing.Spec.Instance != ObjectName(id))) {
 		return domain.UnbindSpec{}, apiresponses.ErrBindingDoesNotExist
 	}
 	if err != nil {
 		return domain.UnbindSpec{}, fmt.Errorf("reading the binding: %w", err)
 	}
-	if err := bindings.Delete(ctx, bindingID, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	uid := existing.UID
+	if err := bindings.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
 		return domain.UnbindSpec{}, fmt.Errorf("deleting the binding: %w", err)
 	}
 	return domain.UnbindSpec{}, nil

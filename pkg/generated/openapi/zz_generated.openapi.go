@@ -2908,10 +2908,18 @@ func schema_pkg_apis_broker_v1alpha1_ServiceBindingSpec(ref common.ReferenceCall
 							Format:      "",
 						},
 					},
+					"parameters": {
+						SchemaProps: spec.SchemaProps{
+							Description: "parameters are checked against the instance's plan's bindingParametersSchema. Immutable.",
+							Ref:         ref(runtime.RawExtension{}.OpenAPIModelName()),
+						},
+					},
 				},
 				Required: []string{"instance"},
 			},
 		},
+		Dependencies: []string{
+			runtime.RawExtension{}.OpenAPIModelName()},
 	}
 }
 
@@ -3409,6 +3417,13 @@ func schema_pkg_apis_broker_v1alpha1_ServiceInstanceStatus(ref common.ReferenceC
 							Format:      "",
 						},
 					},
+					"workloadName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "workloadName names the order's StatefulSet and headless Service in the workload cluster (its Secret is <workloadName>-credentials). The fulfillment operator picks it once, before making anything, from the class and the order's uid, so any order name yields valid names; it never changes afterwards.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 				},
 			},
 		},
@@ -3482,6 +3497,12 @@ func schema_pkg_apis_broker_v1alpha1_ServicePlan(ref common.ReferenceCallback) c
 					"parametersSchema": {
 						SchemaProps: spec.SchemaProps{
 							Description: "parametersSchema is the JSON schema (draft 4 subset, as in OpenAPI v3) that an instance's spec.parameters must satisfy. Without one, an instance may not set parameters.",
+							Ref:         ref(runtime.RawExtension{}.OpenAPIModelName()),
+						},
+					},
+					"bindingParametersSchema": {
+						SchemaProps: spec.SchemaProps{
+							Description: "bindingParametersSchema is the JSON schema that a ServiceBinding's spec.parameters must satisfy. Without one, a binding may not set parameters.",
 							Ref:         ref(runtime.RawExtension{}.OpenAPIModelName()),
 						},
 					},

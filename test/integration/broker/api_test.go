@@ -31,6 +31,13 @@ func createClass(t testing.TB) *v1.ServiceClass {
 		t.Fatalf("artifacts/broker/mysql-class.yaml: %v", err)
 	}
 	c.Name = "mysql-" + utilrand.String(6)
+	// OSB ids are globally unique (the server refuses a second class with
+	// the shipped ones): each test's class has its own.
+	suffix := utilrand.String(8)
+	c.Spec.ID += "-" + suffix
+	for i := range c.Spec.Plans {
+		c.Spec.Plans[i].ID += "-" + suffix
+	}
 	c, err = shared.Client.BrokerV1alpha1().ServiceClasses().Create(testContext(t), c, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating the mysql class: %v", err)
@@ -76,6 +83,7 @@ func TestClassDefaultsAndColumns(t *testing.T) {
 	bad.Name = "bad-" + utilrand.String(6)
 	bad.Spec.Plans[1].Name = bad.Spec.Plans[0].Name
 	bad.Spec.Plans[0].Replicas = 99
+	bad.Spec.ID, bad.Spec.Plans[0].ID, bad.Spec.Plans[1].ID = bad.Spec.ID+"-bad", bad.Spec.Plans[0].ID+"-bad", bad.Spec.Plans[1].ID+"-bad"
 	_, err := shared.Client.BrokerV1alpha1().ServiceClasses().Create(testContext(t), bad, metav1.CreateOptions{})
 	if got, want := strings.Join(causes(t, err), ","), "FieldValueDuplicate spec.plans[1].name,FieldValueInvalid spec.plans[0].replicas"; got != want {
 		t.Errorf("causes %q, want %q", got, want)
@@ -194,6 +202,12 @@ func TestBindingSelectedByInstance(t *testing.T) {
 	ctx := testContext(t)
 	ns := "team-" + utilrand.String(6)
 	bindings := shared.Client.BrokerV1alpha1().ServiceBindings(ns)
+	c := createClass(t)
+	for _, name := range []string{"db", "cache"} {
+		if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).Create(ctx, order(ns, name, c.Name, "small", ""), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, b := range []struct{ name, instance string }{{"app-a", "db"}, {"app-b", "db"}, {"app-c", "cache"}} {
 		_, err := bindings.Create(ctx, &v1.ServiceBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: b.name}, Spec: v1.ServiceBindingSpec{Instance: b.instance},

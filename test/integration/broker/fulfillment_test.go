@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -110,9 +112,15 @@ func stepOf(in *v1.ServiceInstance, name string) v1.Step {
 
 func markReady(t *testing.T, kube *kubefake.Clientset, ns, name string, ready int32) {
 	t.Helper()
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(testContext(t), name, metav1.GetOptions{})
+	w := workloadOf(t, ns, name)
+	var sts *appsv1.StatefulSet
+	err := wait.PollUntilContextTimeout(testContext(t), 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		sts, err = kube.AppsV1().StatefulSets(ns).Get(ctx, w, metav1.GetOptions{})
+		return err == nil, nil
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("StatefulSet %s/%s of order %s never made", ns, w, name)
 	}
 	sts.Status.ReadyReplicas, sts.Status.Replicas = ready, ready
 	if _, err := kube.AppsV1().StatefulSets(ns).UpdateStatus(testContext(t), sts, metav1.UpdateOptions{}); err != nil {
@@ -120,17 +128,31 @@ func markReady(t *testing.T, kube *kubefake.Clientset, ns, name string, ready in
 	}
 }
 
+// workloadOf is the name of an order's StatefulSet and Service (its Secret
+// adds "-credentials"), as the order's status keeps it.
+func workloadOf(t *testing.T, ns, name string) string {
+	t.Helper()
+	in := waitOrder(t, ns, name, "named its workload", func(in *v1.ServiceInstance) bool { return in != nil && in.Status.WorkloadName != "" })
+	if msgs := validation.IsDNS1035Label(in.Status.WorkloadName); len(msgs) > 0 {
+		t.Fatalf("workload name %q of order %s: %v", in.Status.WorkloadName, name, msgs)
+	}
+	return in.Status.WorkloadName
+}
+
+// workloadGone checks that nothing made for the order named name is left:
+// every workload object carries the order's name in a label.
 func workloadGone(t *testing.T, kube *kubefake.Clientset, ns, name string) {
 	t.Helper()
 	ctx := testContext(t)
-	if _, err := kube.AppsV1().StatefulSets(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("StatefulSet %s/%s left behind (%v)", ns, name, err)
+	sel := metav1.ListOptions{LabelSelector: fulfillment.LabelInstance + "=" + name}
+	sets, err1 := kube.AppsV1().StatefulSets(ns).List(ctx, sel)
+	svcs, err2 := kube.CoreV1().Services(ns).List(ctx, sel)
+	secrets, err3 := kube.CoreV1().Secrets(ns).List(ctx, sel)
+	if err1 != nil || err2 != nil || err3 != nil {
+		t.Fatal(err1, err2, err3)
 	}
-	if _, err := kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Service %s/%s left behind (%v)", ns, name, err)
-	}
-	if _, err := kube.CoreV1().Secrets(ns).Get(ctx, name+"-credentials", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Secret %s/%s-credentials left behind (%v)", ns, name, err)
+	if n := len(sets.Items) + len(svcs.Items) + len(secrets.Items); n > 0 {
+		t.Errorf("order %s/%s left %d StatefulSets, %d Services, %d Secrets behind", ns, name, len(sets.Items), len(svcs.Items), len(secrets.Items))
 	}
 }
 
@@ -157,22 +179,23 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 		t.Errorf("finalizers %v", in.Finalizers)
 	}
 
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, "db", metav1.GetOptions{})
+	w := workloadOf(t, ns, "db")
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, w, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctr := sts.Spec.Template.Spec.Containers[0]
 	claim := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]
 	if *sts.Spec.Replicas != 3 || ctr.Image != c.Spec.Image || claim.String() != "20Gi" || ctr.ReadinessProbe == nil ||
-		ctr.Resources.Limits.Cpu().String() != "2" || sts.Spec.ServiceName != "db" ||
+		ctr.Resources.Limits.Cpu().String() != "2" || sts.Spec.ServiceName != w ||
 		sts.Labels[fulfillment.LabelInstanceUID] != string(in.UID) {
 		t.Errorf("StatefulSet spec %+v", sts.Spec)
 	}
-	svc, err := kube.CoreV1().Services(ns).Get(ctx, "db", metav1.GetOptions{})
+	svc, err := kube.CoreV1().Services(ns).Get(ctx, w, metav1.GetOptions{})
 	if err != nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Errorf("headless Service: %v %+v", err, svc)
 	}
-	secret, err := kube.CoreV1().Secrets(ns).Get(ctx, "db-credentials", metav1.GetOptions{})
+	secret, err := kube.CoreV1().Secrets(ns).Get(ctx, w+"-credentials", metav1.GetOptions{})
 	if err != nil || secret.StringData["database"] != "shop" || len(secret.StringData["password"]) < 16 || secret.StringData["port"] != "3306" {
 		t.Errorf("credentials Secret: %v %+v", err, secret)
 	}
@@ -191,15 +214,15 @@ func TestOrderBecomesProvisionedOnlyWhenReplicasAreReady(t *testing.T) {
 	})
 	markReady(t, kube, ns, "db", 3)
 	in = waitOrder(t, ns, "db", "became Provisioned", func(in *v1.ServiceInstance) bool { return in.Status.Phase == v1.PhaseProvisioned })
-	if in.Status.ConnectionSecret != "db-credentials" {
+	if in.Status.ConnectionSecret != w+"-credentials" {
 		t.Errorf("connection secret %q", in.Status.ConnectionSecret)
 	}
-	for _, key := range []string{"statefulsets/db", "services/db", "secrets/db-credentials"} {
+	for _, key := range []string{"statefulsets/" + w, "services/" + w, "secrets/" + w + "-credentials"} {
 		if n := cr.get(key); n != 1 {
 			t.Errorf("%s created %d times", key, n)
 		}
 	}
-	if b := waitBinding(t, ns, "app", "Bound"); b.Status.SecretName != "db-credentials" || b.Status.Phase != v1.PhaseProvisioned {
+	if b := waitBinding(t, ns, "app", "Bound"); b.Status.SecretName != w+"-credentials" || b.Status.Phase != v1.PhaseProvisioned {
 		t.Errorf("binding status %+v", b.Status)
 	}
 
@@ -238,7 +261,7 @@ func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 	waitOrder(t, ns, "db", "waited for the subnet", func(in *v1.ServiceInstance) bool {
 		return stepOf(in, fulfillment.StepSubnet).Message == fmt.Sprintf("waiting for subnet %s to be Provisioned (it is Init)", subnet.Name)
 	})
-	if _, err := kube.AppsV1().StatefulSets(ns).Get(ctx, "db", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := kube.AppsV1().StatefulSets(ns).Get(ctx, workloadOf(t, ns, "db"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("StatefulSet made before the subnet was Provisioned (%v)", err)
 	}
 	subnet.Status.Phase = networkingv1.PhaseProvisioned
@@ -248,7 +271,7 @@ func TestOrderWaitsForItsSubnetWokenByTheWatch(t *testing.T) {
 	waitOrder(t, ns, "db", "moved on to its replicas", func(in *v1.ServiceInstance) bool {
 		return stepOf(in, fulfillment.StepReplicas).State == v1.StepRunning
 	})
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, "db", metav1.GetOptions{})
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, workloadOf(t, ns, "db"), metav1.GetOptions{})
 	if err != nil || sts.Spec.Template.Annotations[fulfillment.AnnotationSubnet] != subnet.Name {
 		t.Errorf("pods are not annotated with the subnet: %v %v", err, sts)
 	}
@@ -345,7 +368,8 @@ func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	waitOrder(t, ns, "db", "reached its replicas", func(in *v1.ServiceInstance) bool {
 		return stepOf(in, fulfillment.StepReplicas).State == v1.StepRunning
 	})
-	before, err := kube.CoreV1().Secrets(ns).Get(ctx, "db-credentials", metav1.GetOptions{})
+	w := workloadOf(t, ns, "db")
+	before, err := kube.CoreV1().Secrets(ns).Get(ctx, w+"-credentials", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,12 +377,12 @@ func TestRestartedOperatorResumesWithoutDuplicates(t *testing.T) {
 	startOperator(t, kube)
 	markReady(t, kube, ns, "db", 3)
 	waitOrder(t, ns, "db", "became Provisioned", func(in *v1.ServiceInstance) bool { return in.Status.Phase == v1.PhaseProvisioned })
-	for _, key := range []string{"statefulsets/db", "services/db", "secrets/db-credentials"} {
+	for _, key := range []string{"statefulsets/" + w, "services/" + w, "secrets/" + w + "-credentials"} {
 		if n := cr.get(key); n != 1 {
 			t.Errorf("%s created %d times", key, n)
 		}
 	}
-	after, err := kube.CoreV1().Secrets(ns).Get(ctx, "db-credentials", metav1.GetOptions{})
+	after, err := kube.CoreV1().Secrets(ns).Get(ctx, w+"-credentials", metav1.GetOptions{})
 	if err != nil || after.StringData["password"] != before.StringData["password"] {
 		t.Errorf("credentials changed across the restart (%v)", err)
 	}

@@ -185,7 +185,6 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 		t.Errorf("400 description %q does not name the parameter", d)
 	}
 	f.notStored(id)
-	f.expect(f.do("PUT", "/v2/service_instances/Not_A_Name?accepts_incomplete=true", f.provisionBody(f.haID, nil), nil), 400, "bad id")
 
 	params := map[string]any{"database": "shop"}
 	first := f.expect(f.do("PUT", path+"?accepts_incomplete=true", f.provisionBody(f.haID, params), nil), 202, "provision")
@@ -232,13 +231,14 @@ func TestOSBProvisionBindDeprovision(t *testing.T) {
 	bindPath := path + "/service_bindings/b1"
 	bindBody := map[string]any{"service_id": f.serviceID, "plan_id": f.haID}
 	b := f.expect(f.do("PUT", bindPath, bindBody, nil), 201, "bind")
-	secret, _ := f.kube.CoreV1().Secrets(f.ns).Get(testContext(t), id+"-credentials", metav1.GetOptions{})
+	w := workloadOf(t, f.ns, id)
+	secret, _ := f.kube.CoreV1().Secrets(f.ns).Get(testContext(t), w+"-credentials", metav1.GetOptions{})
 	cr, _ := b.body["credentials"].(map[string]any)
-	if cr["password"] != secret.StringData["password"] || cr["database"] != "shop" || cr["port"] != "3306" || cr["host"] != id+"."+f.ns+".svc" {
+	if cr["password"] != secret.StringData["password"] || cr["database"] != "shop" || cr["port"] != "3306" || cr["host"] != w+"."+f.ns+".svc" {
 		t.Errorf("credentials %v", cr)
 	}
 	f.expect(f.do("PUT", bindPath, bindBody, nil), 200, "identical bind")
-	if sb := waitBinding(t, f.ns, "b1", "Bound"); sb.Status.SecretName != id+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
+	if sb := waitBinding(t, f.ns, "b1", "Bound"); sb.Status.SecretName != w+"-credentials" || sb.Status.Phase != v1.PhaseProvisioned {
 		t.Errorf("ServiceBinding status %+v", sb.Status)
 	}
 	f.expect(f.do("DELETE", bindPath+"?service_id="+f.serviceID+"&plan_id="+f.haID, nil, nil), 200, "unbind")
@@ -486,6 +486,16 @@ func TestOSBCatalogFollowsClasses(t *testing.T) {
 	f.expect(f.do("PUT", "/v2/service_instances/cat3?accepts_incomplete=true",
 		f.provisionBody(f.smallID, map[string]any{"characterSet": "ascii"}), nil), 202, "provision with ascii, now allowed")
 
+	// A class goes once no order uses it.
+	if err := shared.Client.BrokerV1alpha1().ServiceClasses().Delete(ctx, c.Name, metav1.DeleteOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("deleting a class orders use: %v, want 422", err)
+	}
+	for _, id := range []string{"cat1", "cat3"} {
+		if err := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Delete(ctx, id, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		waitOrder(t, f.ns, id, "deleted", func(in *v1.ServiceInstance) bool { return in == nil })
+	}
 	if err := shared.Client.BrokerV1alpha1().ServiceClasses().Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

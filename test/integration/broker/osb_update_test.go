@@ -79,7 +79,7 @@ func TestOSBUpdateChangesTheStatefulSet(t *testing.T) {
 	f.expect(f.do("PUT", path+"?accepts_incomplete=true", f.provisionBody(f.haID, nil), nil), 409, "provision with the old plan")
 
 	waitStep(t, f, path+"?operation="+op, "waiting for 3/5 replicas ready")
-	sts, err := f.kube.AppsV1().StatefulSets(f.ns).Get(ctx, id, metav1.GetOptions{})
+	sts, err := f.kube.AppsV1().StatefulSets(f.ns).Get(ctx, workloadOf(t, f.ns, id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestUpdateWhileProvisioningReachesTheStatefulSet(t *testing.T) {
 	waitOrder(t, ns, "db", "waited for 5 replicas", func(in *v1.ServiceInstance) bool {
 		return in != nil && stepOf(in, fulfillment.StepReplicas).Message == "waiting for 0/5 replicas ready"
 	})
-	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, "db", metav1.GetOptions{})
+	sts, err := kube.AppsV1().StatefulSets(ns).Get(ctx, workloadOf(t, ns, "db"), metav1.GetOptions{})
 	if err != nil || *sts.Spec.Replicas != 5 {
 		t.Fatalf("StatefulSet after the plan change: %v %v", err, sts)
 	}

@@ -115,6 +115,10 @@ type ServicePlan struct {
 	// instance's spec.parameters must satisfy. Without one, an instance may not set parameters.
 	// +optional
 	ParametersSchema *runtime.RawExtension `json:"parametersSchema,omitempty" protobuf:"bytes,9,opt,name=parametersSchema"`
+	// bindingParametersSchema is the JSON schema that a ServiceBinding's
+	// spec.parameters must satisfy. Without one, a binding may not set parameters.
+	// +optional
+	BindingParametersSchema *runtime.RawExtension `json:"bindingParametersSchema,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -192,6 +196,13 @@ type ServiceInstanceStatus struct {
 	// workload cluster) holding the generated credentials.
 	// +optional
 	ConnectionSecret string `json:"connectionSecret,omitempty" protobuf:"bytes,6,opt,name=connectionSecret"`
+	// workloadName names the order's StatefulSet and headless Service in the
+	// workload cluster (its Secret is <workloadName>-credentials). The
+	// fulfillment operator picks it once, before making anything, from the
+	// class and the order's uid, so any order name yields valid names; it never
+	// changes afterwards.
+	// +optional
+	WorkloadName string `json:"workloadName,omitempty"`
 }
 
 // Step is one named step of an order's saga.
@@ -246,6 +257,10 @@ type ServiceBinding struct {
 type ServiceBindingSpec struct {
 	// instance is the name of a ServiceInstance in the binding's namespace. Immutable.
 	Instance string `json:"instance" protobuf:"bytes,1,opt,name=instance"`
+	// parameters are checked against the instance's plan's bindingParametersSchema.
+	// Immutable.
+	// +optional
+	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
 }
 
 // ServiceBindingStatus says where the credentials are.

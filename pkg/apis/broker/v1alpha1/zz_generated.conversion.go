@@ -236,6 +236,7 @@ func Convert_broker_ServiceBindingList_To_v1alpha1_ServiceBindingList(in *broker
 
 func autoConvert_v1alpha1_ServiceBindingSpec_To_broker_ServiceBindingSpec(in *ServiceBindingSpec, out *broker.ServiceBindingSpec, s conversion.Scope) error {
 	out.Instance = in.Instance
+	out.Parameters = (*runtime.RawExtension)(unsafe.Pointer(in.Parameters))
 	return nil
 }
 
@@ -246,6 +247,7 @@ func Convert_v1alpha1_ServiceBindingSpec_To_broker_ServiceBindingSpec(in *Servic
 
 func autoConvert_broker_ServiceBindingSpec_To_v1alpha1_ServiceBindingSpec(in *broker.ServiceBindingSpec, out *ServiceBindingSpec, s conversion.Scope) error {
 	out.Instance = in.Instance
+	out.Parameters = (*runtime.RawExtension)(unsafe.Pointer(in.Parameters))
 	return nil
 }
 
@@ -471,6 +473,7 @@ func autoConvert_v1alpha1_ServiceInstanceStatus_To_broker_ServiceInstanceStatus(
 	out.Operation = in.Operation
 	out.Steps = *(*[]broker.Step)(unsafe.Pointer(&in.Steps))
 	out.ConnectionSecret = in.ConnectionSecret
+	out.WorkloadName = in.WorkloadName
 	return nil
 }
 
@@ -486,6 +489,7 @@ func autoConvert_broker_ServiceInstanceStatus_To_v1alpha1_ServiceInstanceStatus(
 	out.Operation = in.Operation
 	out.Steps = *(*[]Step)(unsafe.Pointer(&in.Steps))
 	out.ConnectionSecret = in.ConnectionSecret
+	out.WorkloadName = in.WorkloadName
 	return nil
 }
 
@@ -504,6 +508,7 @@ func autoConvert_v1alpha1_ServicePlan_To_broker_ServicePlan(in *ServicePlan, out
 	out.Memory = in.Memory
 	out.MaxProvisioningDuration = (*v1.Duration)(unsafe.Pointer(in.MaxProvisioningDuration))
 	out.ParametersSchema = (*runtime.RawExtension)(unsafe.Pointer(in.ParametersSchema))
+	out.BindingParametersSchema = (*runtime.RawExtension)(unsafe.Pointer(in.BindingParametersSchema))
 	return nil
 }
 
@@ -522,6 +527,7 @@ func autoConvert_broker_ServicePlan_To_v1alpha1_ServicePlan(in *broker.ServicePl
 	out.Memory = in.Memory
 	out.MaxProvisioningDuration = (*v1.Duration)(unsafe.Pointer(in.MaxProvisioningDuration))
 	out.ParametersSchema = (*runtime.RawExtension)(unsafe.Pointer(in.ParametersSchema))
+	out.BindingParametersSchema = (*runtime.RawExtension)(unsafe.Pointer(in.BindingParametersSchema))
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,9 @@ const (
 	// after the instance and its pods' controller-revision-hash label must stay
 	// within 63 characters (kube limits StatefulSet names to 52 for the same reason).
 	MaxInstanceName = 52
+	// MaxWorkloadName is the StatefulSet limit: its pods' controller-revision-hash
+	// label is the name plus 11 characters and must fit in 63.
+	MaxWorkloadName = 52
 	// MaxOperationLength is the Open Service Broker limit on an operation string.
 	MaxOperationLength = 10000
 )
@@ -124,6 +128,11 @@ func validatePlan(p *broker.ServicePlan, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(path.Child("parametersSchema"), "<schema>", err.Error()))
 		}
 	}
+	if p.BindingParametersSchema != nil {
+		if _, err := ParseSchema(p.BindingParametersSchema); err != nil {
+			errs = append(errs, field.Invalid(path.Child("bindingParametersSchema"), "<schema>", err.Error()))
+		}
+	}
 	return errs
 }
 
@@ -140,8 +149,8 @@ func ParseSchema(raw *runtime.RawExtension) (*spec.Schema, error) {
 	if !s.Type.Contains("object") || len(s.Type) != 1 {
 		return nil, errors.New(`must have "type": "object" (parameters are a JSON object)`)
 	}
-	if strings.Contains(string(raw.Raw), `"$ref"`) {
-		return nil, errors.New("must be self-contained: $ref is not supported")
+	if bad := checkSchema(s, "schema"); len(bad) > 0 {
+		return nil, errors.New(strings.Join(bad, "; "))
 	}
 	return s, nil
 }
@@ -193,8 +202,14 @@ func ValidateInstanceAgainstClass(in *broker.ServiceInstance, class *broker.Serv
 	return ValidateParameters(plan, in.Spec.Parameters, specPath.Child("parameters"))
 }
 
-// ValidateParameters checks parameters against a plan's schema.
+// ValidateParameters checks an order's parameters against its plan's schema.
 func ValidateParameters(plan *broker.ServicePlan, params *runtime.RawExtension, path *field.Path) field.ErrorList {
+	return validateAgainst(plan.Name, plan.ParametersSchema, params, path)
+}
+
+// validateAgainst checks parameters against a schema of the plan; without a
+// schema, none are allowed.
+func validateAgainst(planName string, schema, params *runtime.RawExtension, path *field.Path) field.ErrorList {
 	var data map[string]any
 	if params != nil {
 		var err error
@@ -202,16 +217,17 @@ func ValidateParameters(plan *broker.ServicePlan, params *runtime.RawExtension, 
 			return field.ErrorList{field.Invalid(path, "<parameters>", err.Error())}
 		}
 	}
-	if plan.ParametersSchema == nil {
+	if schema == nil {
 		if len(data) > 0 {
-			return field.ErrorList{field.Forbidden(path, fmt.Sprintf("plan %s takes no parameters", plan.Name))}
+			return field.ErrorList{field.Forbidden(path, fmt.Sprintf("plan %s takes no parameters here", planName))}
 		}
 		return nil
 	}
-	validator, err := schemaValidators.get(plan.ParametersSchema)
+	validator, err := schemaValidators.get(schema)
 	if err != nil {
-		// The class was validated when stored; this is an internal inconsistency.
-		return field.ErrorList{field.InternalError(path, fmt.Errorf("plan %s has an unusable schema: %w", plan.Name, err))}
+		// A class stored before a rule existed may hold a schema it now
+		// refuses: the order is refused (422), never served by it.
+		return field.ErrorList{field.Invalid(path, "<parameters>", fmt.Sprintf("plan %s has an unusable schema (fix the ServiceClass): %v", planName, err))}
 	}
 	if data == nil {
 		data = map[string]any{}
@@ -308,7 +324,46 @@ func ValidateServiceInstanceStatus(in *broker.ServiceInstance) field.ErrorList {
 	if st.ConnectionSecret != "" {
 		errs = append(errs, validateReference(st.ConnectionSecret, false, statusPath.Child("connectionSecret"))...)
 	}
+	if w := st.WorkloadName; w != "" {
+		// It names a Service (DNS-1035) and a StatefulSet (at most 52).
+		for _, msg := range utilvalidation.IsDNS1035Label(w) {
+			errs = append(errs, field.Invalid(statusPath.Child("workloadName"), w, msg))
+		}
+		if len(w) > MaxWorkloadName {
+			errs = append(errs, field.TooLong(statusPath.Child("workloadName"), w, MaxWorkloadName))
+		}
+	}
 	return errs
+}
+
+// ValidateServiceInstanceStatusUpdate adds to ValidateServiceInstanceStatus
+// what an update must keep: the workload name, once picked, names objects in
+// the workload cluster and never changes.
+func ValidateServiceInstanceStatusUpdate(in, old *broker.ServiceInstance) field.ErrorList {
+	var errs field.ErrorList
+	if old.Status.WorkloadName != "" && in.Status.WorkloadName != old.Status.WorkloadName {
+		errs = append(errs, field.Invalid(statusPath.Child("workloadName"), in.Status.WorkloadName,
+			fmt.Sprintf("field is immutable once set (was %q)", old.Status.WorkloadName)))
+	}
+	return errs
+}
+
+// ValidateBindingAgainstInstance checks that a binding's instance can be
+// bound (its class is bindable, it is not being deleted) and that its
+// parameters satisfy the instance's plan's binding schema.
+func ValidateBindingAgainstInstance(b *broker.ServiceBinding, in *broker.ServiceInstance, class *broker.ServiceClass) field.ErrorList {
+	instPath := specPath.Child("instance")
+	switch {
+	case !class.Spec.Bindable:
+		return field.ErrorList{field.Invalid(instPath, b.Spec.Instance, fmt.Sprintf("service class %s is not bindable", class.Name))}
+	case in.DeletionTimestamp != nil:
+		return field.ErrorList{field.Invalid(instPath, b.Spec.Instance, "the instance is being deleted")}
+	}
+	plan := FindPlan(class, in.Spec.Plan)
+	if plan == nil {
+		return field.ErrorList{field.Invalid(instPath, b.Spec.Instance, fmt.Sprintf("the instance's plan %s is no longer in service class %s", in.Spec.Plan, class.Name))}
+	}
+	return validateAgainst(plan.Name, plan.BindingParametersSchema, b.Spec.Parameters, specPath.Child("parameters"))
 }
 
 // ValidateServiceBinding validates a binding on create.
@@ -316,6 +371,11 @@ func ValidateServiceBinding(b *broker.ServiceBinding) field.ErrorList {
 	errs := apimachineryvalidation.ValidateObjectMeta(&b.ObjectMeta, true, apimachineryvalidation.NameIsDNSSubdomain, metaPath)
 	for _, msg := range utilvalidation.IsDNS1123Label(b.Spec.Instance) {
 		errs = append(errs, field.Invalid(specPath.Child("instance"), b.Spec.Instance, msg))
+	}
+	if p := b.Spec.Parameters; p != nil {
+		if _, err := decodeParameters(p); err != nil {
+			errs = append(errs, field.Invalid(specPath.Child("parameters"), "<parameters>", err.Error()))
+		}
 	}
 	return errs
 }
@@ -325,6 +385,9 @@ func ValidateServiceBindingUpdate(b, old *broker.ServiceBinding) field.ErrorList
 	errs := apimachineryvalidation.ValidateObjectMetaUpdate(&b.ObjectMeta, &old.ObjectMeta, metaPath)
 	errs = append(errs, ValidateServiceBinding(b)...)
 	errs = append(errs, apimachineryvalidation.ValidateImmutableField(b.Spec.Instance, old.Spec.Instance, specPath.Child("instance"))...)
+	if !apiequality.Semantic.DeepEqual(b.Spec.Parameters, old.Spec.Parameters) {
+		errs = append(errs, field.Invalid(specPath.Child("parameters"), "<parameters>", "field is immutable: make another binding"))
+	}
 	return errs
 }
 

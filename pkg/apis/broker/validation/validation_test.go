@@ -177,3 +177,75 @@ func TestServiceInstanceStatusRules(t *testing.T) {
 		"FieldValueDuplicate status.steps[1].name",
 		"FieldValueNotSupported status.steps[1].state")
 }
+
+// Schemas that cannot validate anything sensibly are refused when the class
+// is stored, wherever in the schema they sit; "$ref" is found in the parsed
+// schema, so spelling it with JSON escapes does not smuggle it in.
+func TestPlanSchemasAreChecked(t *testing.T) {
+	for name, tc := range map[string]struct {
+		schema, want string
+	}{
+		"escaped $ref":          {`{"type":"object","properties":{"a":{"\u0024ref":"#/definitions/x"}}}`, "$ref is not supported"},
+		"escaped $ref, nested":  {`{"type":"object","properties":{"a":{"type":"array","items":{"\u0024r\u0065f":"http://evil/x"}}}}`, "$ref is not supported"},
+		"$ref in allOf":         {`{"type":"object","allOf":[{"$ref":"#/x"}]}`, "$ref is not supported"},
+		"bad regex":             {`{"type":"object","properties":{"a":{"type":"string","pattern":"(["}}}`, "is not a regular expression"},
+		"bad patternProperties": {`{"type":"object","patternProperties":{"(":{"type":"string"}}}`, "is not a regular expression"},
+		"multipleOf 0":          {`{"type":"object","properties":{"a":{"type":"number","multipleOf":0}}}`, "multipleOf must be greater than 0"},
+		"empty enum":            {`{"type":"object","properties":{"a":{"enum":[]}}}`, "enum must list at least one value"},
+		"minimum > maximum":     {`{"type":"object","properties":{"a":{"type":"integer","minimum":5,"maximum":1}}}`, "minimum 5 is greater than maximum 1"},
+		"minLength > maxLength": {`{"type":"object","properties":{"a":{"type":"string","minLength":5,"maxLength":1}}}`, "minLength 5 is greater than maxLength 1"},
+		"unknown format":        {`{"type":"object","properties":{"a":{"type":"string","format":"banana"}}}`, `format "banana" is not known`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, binding := range []bool{false, true} {
+				c := mysqlClass(t)
+				raw := &k8sruntime.RawExtension{Raw: []byte(tc.schema)}
+				at := "spec.plans[0].parametersSchema"
+				if binding {
+					c.Spec.Plans[0].BindingParametersSchema, at = raw, "spec.plans[0].bindingParametersSchema"
+				} else {
+					c.Spec.Plans[0].ParametersSchema = raw
+				}
+				errs := validation.ValidateServiceClass(c)
+				if len(errs) != 1 || errs[0].Field != at || !strings.Contains(errs[0].Detail, tc.want) {
+					t.Errorf("binding=%v: %v; want one error at %s saying %q", binding, errs, at, tc.want)
+				}
+			}
+		})
+	}
+	ok := mysqlClass(t)
+	ok.Spec.Plans[0].ParametersSchema = &k8sruntime.RawExtension{Raw: []byte(`{"type":"object","properties":{"a":{"type":"string","format":"email","pattern":"^[a-z]+@","minLength":1,"maxLength":9},"n":{"type":"number","multipleOf":0.5,"minimum":1,"maximum":1}}}`)}
+	if errs := validation.ValidateServiceClass(ok); len(errs) > 0 {
+		t.Errorf("a sound schema: %v", errs)
+	}
+}
+
+func TestServiceInstanceWorkloadName(t *testing.T) {
+	in := instance("small", "")
+	in.Generation = 1
+	for name, tc := range map[string]struct {
+		workload string
+		want     []string
+	}{
+		"unset":           {"", nil},
+		"DNS-1035 label":  {"mysql-abcdefghijkl", nil},
+		"leading digit":   {"4mysql", []string{"FieldValueInvalid status.workloadName"}},
+		"over 52":         {"a" + strings.Repeat("b", validation.MaxWorkloadName), []string{"FieldValueTooLong status.workloadName"}},
+		"upper case":      {"MySQL", []string{"FieldValueInvalid status.workloadName"}},
+		"a trailing dash": {"mysql-", []string{"FieldValueInvalid status.workloadName"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := in.DeepCopy()
+			c.Status.WorkloadName = tc.workload
+			wantErrors(t, validation.ValidateServiceInstanceStatus(c), tc.want...)
+		})
+	}
+	old := in.DeepCopy()
+	old.Status.WorkloadName = "mysql-abcdefghijkl"
+	renamed := old.DeepCopy()
+	renamed.Status.WorkloadName = "mysql-zzzzzzzzzzzz"
+	wantErrors(t, validation.ValidateServiceInstanceStatusUpdate(renamed, old), "FieldValueInvalid status.workloadName")
+	unset := in.DeepCopy()
+	unset.Status.WorkloadName = "mysql-abcdefghijkl"
+	wantErrors(t, validation.ValidateServiceInstanceStatusUpdate(unset, in))
+}

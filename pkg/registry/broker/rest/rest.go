@@ -36,7 +36,8 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 	if err != nil {
 		return nil, fmt.Errorf("serviceinstances: %w", err)
 	}
-	bindings, bindingStatus, err := servicebinding.NewREST(p.Scheme, optsGetter)
+	classes.Instances = instances.Store
+	bindings, bindingStatus, err := servicebinding.NewREST(p.Scheme, optsGetter, instances.Store, classes.Store)
 	if err != nil {
 		return nil, fmt.Errorf("servicebindings: %w", err)
 	}

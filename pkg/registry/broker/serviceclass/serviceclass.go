@@ -3,10 +3,20 @@
 package serviceclass
 
 import (
+	"context"
+	"fmt"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+	"k8s.io/apiserver/pkg/registry/rest"
 
 	"mizar.dev/pkg/apis/broker"
 	"mizar.dev/pkg/apis/broker/v1alpha1"
@@ -51,10 +61,153 @@ func planNames(c *broker.ServiceClass) string {
 	return s
 }
 
+// REST is the storage of service classes. A class or plan that orders use is
+// not deleted (422): the fulfillment operator would fail those orders, and a
+// platform would be left with instances of an offering that no longer exists.
+type REST struct {
+	*registry.REST
+	// Instances is the orders' store, set once it exists (it reads classes).
+	Instances *genericregistry.Store
+}
+
 // NewREST returns the storage of service classes. A catalog entry has no status
 // subresource: its only status is the Ready condition the server sets on create.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*registry.REST, error) {
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter) (*REST, error) {
 	k := kind
 	main, _, err := registry.NewREST(&k, scheme, optsGetter)
-	return main, err
+	if err != nil {
+		return nil, err
+	}
+	r := &REST{REST: main}
+	main.Store.BeginCreate = func(ctx context.Context, obj runtime.Object, _ *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
+		return noop, r.checkIDsUnique(ctx, obj.(*broker.ServiceClass))
+	}
+	main.Store.BeginUpdate = func(ctx context.Context, obj, old runtime.Object, _ *metav1.UpdateOptions) (genericregistry.FinishFunc, error) {
+		c, prev := obj.(*broker.ServiceClass), old.(*broker.ServiceClass)
+		if err := r.checkIDsUnique(ctx, c); err != nil {
+			return nil, err
+		}
+		kept := map[string]bool{}
+		for _, p := range c.Spec.Plans {
+			kept[p.Name] = true
+		}
+		for _, p := range prev.Spec.Plans {
+			if kept[p.Name] {
+				continue
+			}
+			if users, err := r.users(ctx, c.Name, p.Name); err != nil {
+				return nil, err
+			} else if len(users) > 0 {
+				return nil, apierrors.NewInvalid(broker.Kind("ServiceClass"), c.Name, field.ErrorList{field.Forbidden(field.NewPath("spec", "plans"),
+					fmt.Sprintf("plan %s is used by %s: delete them (or move them to another plan) first", p.Name, describe(users)))})
+			}
+		}
+		return noop, nil
+	}
+	return r, nil
+}
+
+func noop(context.Context, bool) {}
+
+// checkIDsUnique refuses OSB ids another class has: platforms find services
+// and plans by id alone.
+func (r *REST) checkIDsUnique(ctx context.Context, c *broker.ServiceClass) error {
+	obj, err := r.Store.List(genericapirequest.WithNamespace(ctx, ""), &metainternalversion.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing service classes: %w", err)
+	}
+	owner := map[string]string{}
+	for _, other := range obj.(*broker.ServiceClassList).Items {
+		if other.Name == c.Name {
+			continue
+		}
+		owner[other.Spec.ID] = other.Name
+		for _, p := range other.Spec.Plans {
+			owner[p.ID] = other.Name
+		}
+	}
+	var errs field.ErrorList
+	dup := func(path *field.Path, id string) {
+		if o, ok := owner[id]; ok && id != "" {
+			d := field.Duplicate(path, id)
+			d.Detail = "already the id of service class " + o + " (or one of its plans): Open Service Broker ids are globally unique"
+			errs = append(errs, d)
+		}
+	}
+	dup(field.NewPath("spec", "id"), c.Spec.ID)
+	for i, p := range c.Spec.Plans {
+		dup(field.NewPath("spec", "plans").Index(i).Child("id"), p.ID)
+	}
+	if len(errs) > 0 {
+		return apierrors.NewInvalid(broker.Kind("ServiceClass"), c.Name, errs)
+	}
+	return nil
+}
+
+// users lists the orders of a class (of one plan, if given), from etcd.
+func (r *REST) users(ctx context.Context, class, plan string) ([]broker.ServiceInstance, error) {
+	if r.Instances == nil {
+		return nil, nil
+	}
+	obj, err := r.Instances.List(genericapirequest.WithNamespace(ctx, ""), &metainternalversion.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.class", class)})
+	if err != nil {
+		return nil, fmt.Errorf("listing the orders of service class %s: %w", class, err)
+	}
+	var out []broker.ServiceInstance
+	for _, in := range obj.(*broker.ServiceInstanceList).Items {
+		if plan == "" || in.Spec.Plan == plan {
+			out = append(out, in)
+		}
+	}
+	return out, nil
+}
+
+func describe(users []broker.ServiceInstance) string {
+	names := make([]string, 0, 3)
+	for i, in := range users {
+		if i == 3 {
+			break
+		}
+		names = append(names, in.Namespace+"/"+in.Name)
+	}
+	s := fmt.Sprintf("%d ServiceInstance(s) (%s", len(users), strings.Join(names, ", "))
+	if len(users) > 3 {
+		s += ", ..."
+	}
+	return s + ")"
+}
+
+// Delete refuses to delete a class that orders use.
+func (r *REST) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, options *metav1.DeleteOptions) (runtime.Object, bool, error) {
+	if users, err := r.users(ctx, name, ""); err != nil {
+		return nil, false, err
+	} else if len(users) > 0 {
+		return nil, false, apierrors.NewInvalid(broker.Kind("ServiceClass"), name, field.ErrorList{field.Forbidden(field.NewPath("metadata", "name"),
+			fmt.Sprintf("service class %s is used by %s: delete them first", name, describe(users)))})
+	}
+	return r.REST.Delete(ctx, name, deleteValidation, options)
+}
+
+// DeleteCollection deletes the classes no order uses, through Delete.
+func (r *REST) DeleteCollection(ctx context.Context, deleteValidation rest.ValidateObjectFunc, options *metav1.DeleteOptions, listOptions *metainternalversion.ListOptions) (runtime.Object, error) {
+	obj, err := r.Store.List(ctx, listOptions)
+	if err != nil {
+		return nil, err
+	}
+	list := obj.(*broker.ServiceClassList)
+	deleted := &broker.ServiceClassList{}
+	for _, c := range list.Items {
+		out, _, err := r.Delete(ctx, c.Name, deleteValidation, options.DeepCopy())
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if dc, ok := out.(*broker.ServiceClass); ok {
+			deleted.Items = append(deleted.Items, *dc)
+		}
+	}
+	return deleted, nil
 }

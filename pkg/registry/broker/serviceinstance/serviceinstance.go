@@ -138,10 +138,20 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, class
 		return noop, nil
 	}
 	main.Store.UpdateStrategy = updateStrategy{main.Store.UpdateStrategy}
+	// The workload name, once picked, names objects in the workload cluster.
+	statusStore := status.GenericStore()
+	statusStore.UpdateStrategy = statusUpdateStrategy{statusStore.UpdateStrategy}
 	return main, status, nil
 }
 
 func noop(context.Context, bool) {}
+
+type statusUpdateStrategy struct{ rest.RESTUpdateStrategy }
+
+func (s statusUpdateStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
+	errs := s.RESTUpdateStrategy.ValidateUpdate(ctx, obj, old)
+	return append(errs, validation.ValidateServiceInstanceStatusUpdate(obj.(*broker.ServiceInstance), old.(*broker.ServiceInstance))...)
+}
 
 // updateStrategy gives a change of plan or parameters a new operation, so
 // whoever changed the order (kubectl or an OSB platform) can follow the

@@ -18,6 +18,10 @@ limitations under the License.
 
 package v1alpha1
 
+import (
+	runtime "k8s.io/apimachinery/pkg/runtime"
+)
+
 // ServiceBindingSpecApplyConfiguration represents a declarative configuration of the ServiceBindingSpec type for use
 // with apply.
 //
@@ -25,6 +29,9 @@ package v1alpha1
 type ServiceBindingSpecApplyConfiguration struct {
 	// instance is the name of a ServiceInstance in the binding's namespace. Immutable.
 	Instance *string `json:"instance,omitempty"`
+	// parameters are checked against the instance's plan's bindingParametersSchema.
+	// Immutable.
+	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
 }
 
 // ServiceBindingSpecApplyConfiguration constructs a declarative configuration of the ServiceBindingSpec type for use with
@@ -38,5 +45,13 @@ func ServiceBindingSpec() *ServiceBindingSpecApplyConfiguration {
 // If called multiple times, the Instance field is set to the value of the last call.
 func (b *ServiceBindingSpecApplyConfiguration) WithInstance(value string) *ServiceBindingSpecApplyConfiguration {
 	b.Instance = &value
+	return b
+}
+
+// WithParameters sets the Parameters field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Parameters field is set to the value of the last call.
+func (b *ServiceBindingSpecApplyConfiguration) WithParameters(value runtime.RawExtension) *ServiceBindingSpecApplyConfiguration {
+	b.Parameters = &value
 	return b
 }

@@ -42,6 +42,12 @@ type ServiceInstanceStatusApplyConfiguration struct {
 	// connectionSecret names the Secret (in the instance's namespace of the
 	// workload cluster) holding the generated credentials.
 	ConnectionSecret *string `json:"connectionSecret,omitempty"`
+	// workloadName names the order's StatefulSet and headless Service in the
+	// workload cluster (its Secret is <workloadName>-credentials). The
+	// fulfillment operator picks it once, before making anything, from the
+	// class and the order's uid, so any order name yields valid names; it never
+	// changes afterwards.
+	WorkloadName *string `json:"workloadName,omitempty"`
 }
 
 // ServiceInstanceStatusApplyConfiguration constructs a declarative configuration of the ServiceInstanceStatus type for use with
@@ -105,5 +111,13 @@ func (b *ServiceInstanceStatusApplyConfiguration) WithSteps(values ...*StepApply
 // If called multiple times, the ConnectionSecret field is set to the value of the last call.
 func (b *ServiceInstanceStatusApplyConfiguration) WithConnectionSecret(value string) *ServiceInstanceStatusApplyConfiguration {
 	b.ConnectionSecret = &value
+	return b
+}
+
+// WithWorkloadName sets the WorkloadName field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the WorkloadName field is set to the value of the last call.
+func (b *ServiceInstanceStatusApplyConfiguration) WithWorkloadName(value string) *ServiceInstanceStatusApplyConfiguration {
+	b.WorkloadName = &value
 	return b
 }

@@ -49,6 +49,9 @@ type ServicePlanApplyConfiguration struct {
 	// parametersSchema is the JSON schema (draft 4 subset, as in OpenAPI v3) that an
 	// instance's spec.parameters must satisfy. Without one, an instance may not set parameters.
 	ParametersSchema *runtime.RawExtension `json:"parametersSchema,omitempty"`
+	// bindingParametersSchema is the JSON schema that a ServiceBinding's
+	// spec.parameters must satisfy. Without one, a binding may not set parameters.
+	BindingParametersSchema *runtime.RawExtension `json:"bindingParametersSchema,omitempty"`
 }
 
 // ServicePlanApplyConfiguration constructs a declarative configuration of the ServicePlan type for use with
@@ -126,5 +129,13 @@ func (b *ServicePlanApplyConfiguration) WithMaxProvisioningDuration(value v1.Dur
 // If called multiple times, the ParametersSchema field is set to the value of the last call.
 func (b *ServicePlanApplyConfiguration) WithParametersSchema(value runtime.RawExtension) *ServicePlanApplyConfiguration {
 	b.ParametersSchema = &value
+	return b
+}
+
+// WithBindingParametersSchema sets the BindingParametersSchema field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the BindingParametersSchema field is set to the value of the last call.
+func (b *ServicePlanApplyConfiguration) WithBindingParametersSchema(value runtime.RawExtension) *ServicePlanApplyConfiguration {
+	b.BindingParametersSchema = &value
 	return b
 }
