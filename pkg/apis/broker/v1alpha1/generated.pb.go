@@ -180,6 +180,18 @@ func (m *ServiceBindingSpec) MarshalToSizedBuffer(dAtA []byte) (int, error) {
 	_ = i
 	var l int
 	_ = l
+	if m.Parameters != nil {
+		{
+			size, err := m.Parameters.MarshalToSizedBuffer(dAtA[:i])
+			if err != nil {
+				return 0, err
+			}
+			i -= size
+			i = encodeVarintGenerated(dAtA, i, uint64(size))
+		}
+		i--
+		dAtA[i] = 0x12
+	}
 	i -= len(m.Instance)
 	copy(dAtA[i:], m.Instance)
 	i = encodeVarintGenerated(dAtA, i, uint64(len(m.Instance)))
@@ -617,6 +629,11 @@ func (m *ServiceInstanceStatus) MarshalToSizedBuffer(dAtA []byte) (int, error) {
 	_ = i
 	var l int
 	_ = l
+	i -= len(m.WorkloadName)
+	copy(dAtA[i:], m.WorkloadName)
+	i = encodeVarintGenerated(dAtA, i, uint64(len(m.WorkloadName)))
+	i--
+	dAtA[i] = 0x3a
 	i -= len(m.ConnectionSecret)
 	copy(dAtA[i:], m.ConnectionSecret)
 	i = encodeVarintGenerated(dAtA, i, uint64(len(m.ConnectionSecret)))
@@ -686,6 +703,18 @@ func (m *ServicePlan) MarshalToSizedBuffer(dAtA []byte) (int, error) {
 	_ = i
 	var l int
 	_ = l
+	if m.BindingParametersSchema != nil {
+		{
+			size, err := m.BindingParametersSchema.MarshalToSizedBuffer(dAtA[:i])
+			if err != nil {
+				return 0, err
+			}
+			i -= size
+			i = encodeVarintGenerated(dAtA, i, uint64(size))
+		}
+		i--
+		dAtA[i] = 0x52
+	}
 	if m.ParametersSchema != nil {
 		{
 			size, err := m.ParametersSchema.MarshalToSizedBuffer(dAtA[:i])
@@ -877,6 +906,10 @@ func (m *ServiceBindingSpec) Size() (n int) {
 	_ = l
 	l = len(m.Instance)
 	n += 1 + l + sovGenerated(uint64(l))
+	if m.Parameters != nil {
+		l = m.Parameters.Size()
+		n += 1 + l + sovGenerated(uint64(l))
+	}
 	return n
 }
 
@@ -1049,6 +1082,8 @@ func (m *ServiceInstanceStatus) Size() (n int) {
 	}
 	l = len(m.ConnectionSecret)
 	n += 1 + l + sovGenerated(uint64(l))
+	l = len(m.WorkloadName)
+	n += 1 + l + sovGenerated(uint64(l))
 	return n
 }
 
@@ -1077,6 +1112,10 @@ func (m *ServicePlan) Size() (n int) {
 	}
 	if m.ParametersSchema != nil {
 		l = m.ParametersSchema.Size()
+		n += 1 + l + sovGenerated(uint64(l))
+	}
+	if m.BindingParametersSchema != nil {
+		l = m.BindingParametersSchema.Size()
 		n += 1 + l + sovGenerated(uint64(l))
 	}
 	return n
@@ -1146,6 +1185,7 @@ func (this *ServiceBindingSpec) String() string {
 	}
 	s := strings.Join([]string{`&ServiceBindingSpec{`,
 		`Instance:` + fmt.Sprintf("%v", this.Instance) + `,`,
+		`Parameters:` + strings.Replace(fmt.Sprintf("%v", this.Parameters), "RawExtension", "runtime.RawExtension", 1) + `,`,
 		`}`,
 	}, "")
 	return s
@@ -1293,6 +1333,7 @@ func (this *ServiceInstanceStatus) String() string {
 		`Operation:` + fmt.Sprintf("%v", this.Operation) + `,`,
 		`Steps:` + repeatedStringForSteps + `,`,
 		`ConnectionSecret:` + fmt.Sprintf("%v", this.ConnectionSecret) + `,`,
+		`WorkloadName:` + fmt.Sprintf("%v", this.WorkloadName) + `,`,
 		`}`,
 	}, "")
 	return s
@@ -1311,6 +1352,7 @@ func (this *ServicePlan) String() string {
 		`Memory:` + strings.Replace(strings.Replace(fmt.Sprintf("%v", this.Memory), "Quantity", "resource.Quantity", 1), `&`, ``, 1) + `,`,
 		`MaxProvisioningDuration:` + strings.Replace(fmt.Sprintf("%v", this.MaxProvisioningDuration), "Duration", "v1.Duration", 1) + `,`,
 		`ParametersSchema:` + strings.Replace(fmt.Sprintf("%v", this.ParametersSchema), "RawExtension", "runtime.RawExtension", 1) + `,`,
+		`BindingParametersSchema:` + strings.Replace(fmt.Sprintf("%v", this.BindingParametersSchema), "RawExtension", "runtime.RawExtension", 1) + `,`,
 		`}`,
 	}, "")
 	return s
@@ -1664,6 +1706,42 @@ func (m *ServiceBindingSpec) Unmarshal(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			m.Instance = string(dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
+		case 2:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Parameters", wireType)
+			}
+			var msglen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return ErrIntOverflowGenerated
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				msglen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if msglen < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			postIndex := iNdEx + msglen
+			if postIndex < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			if m.Parameters == nil {
+				m.Parameters = &runtime.RawExtension{}
+			}
+			if err := m.Parameters.Unmarshal(dAtA[iNdEx:postIndex]); err != nil {
+				return err
+			}
 			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
@@ -3099,6 +3177,38 @@ func (m *ServiceInstanceStatus) Unmarshal(dAtA []byte) error {
 			}
 			m.ConnectionSecret = string(dAtA[iNdEx:postIndex])
 			iNdEx = postIndex
+		case 7:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field WorkloadName", wireType)
+			}
+			var stringLen uint64
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return ErrIntOverflowGenerated
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				stringLen |= uint64(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			intStringLen := int(stringLen)
+			if intStringLen < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			postIndex := iNdEx + intStringLen
+			if postIndex < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.WorkloadName = string(dAtA[iNdEx:postIndex])
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := skipGenerated(dAtA[iNdEx:])
@@ -3432,6 +3542,42 @@ func (m *ServicePlan) Unmarshal(dAtA []byte) error {
 				m.ParametersSchema = &runtime.RawExtension{}
 			}
 			if err := m.ParametersSchema.Unmarshal(dAtA[iNdEx:postIndex]); err != nil {
+				return err
+			}
+			iNdEx = postIndex
+		case 10:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field BindingParametersSchema", wireType)
+			}
+			var msglen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return ErrIntOverflowGenerated
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				msglen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if msglen < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			postIndex := iNdEx + msglen
+			if postIndex < 0 {
+				return ErrInvalidLengthGenerated
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			if m.BindingParametersSchema == nil {
+				m.BindingParametersSchema = &runtime.RawExtension{}
+			}
+			if err := m.BindingParametersSchema.Unmarshal(dAtA[iNdEx:postIndex]); err != nil {
 				return err
 			}
 			iNdEx = postIndex

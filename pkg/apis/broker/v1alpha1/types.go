@@ -118,7 +118,7 @@ type ServicePlan struct {
 	// bindingParametersSchema is the JSON schema that a ServiceBinding's
 	// spec.parameters must satisfy. Without one, a binding may not set parameters.
 	// +optional
-	BindingParametersSchema *runtime.RawExtension `json:"bindingParametersSchema,omitempty"`
+	BindingParametersSchema *runtime.RawExtension `json:"bindingParametersSchema,omitempty" protobuf:"bytes,10,opt,name=bindingParametersSchema"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
@@ -202,7 +202,7 @@ type ServiceInstanceStatus struct {
 	// class and the order's uid, so any order name yields valid names; it never
 	// changes afterwards.
 	// +optional
-	WorkloadName string `json:"workloadName,omitempty"`
+	WorkloadName string `json:"workloadName,omitempty" protobuf:"bytes,7,opt,name=workloadName"`
 }
 
 // Step is one named step of an order's saga.
@@ -260,7 +260,7 @@ type ServiceBindingSpec struct {
 	// parameters are checked against the instance's plan's bindingParametersSchema.
 	// Immutable.
 	// +optional
-	Parameters *runtime.RawExtension `json:"parameters,omitempty"`
+	Parameters *runtime.RawExtension `json:"parameters,omitempty" protobuf:"bytes,2,opt,name=parameters"`
 }
 
 // ServiceBindingStatus says where the credentials are.
