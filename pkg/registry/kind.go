@@ -38,7 +38,8 @@ type Kind[T runtime.Object, S, St any] struct {
 	// Readiness, when set, names the object's conditions, phase and whether that
 	// phase is Provisioned: the server keeps the Ready condition in step with the
 	// phase in the very write that sets the phase (conditions.SetReady), so each
-	// phase transition's one writer (DESIGN.md) writes Ready too, atomically.
+	// phase transition's one writer (DESIGN.md) writes Ready too, atomically. A
+	// writer that sets Ready itself in that write keeps its own wording.
 	Readiness func(T) (conds *[]metav1.Condition, phase string, provisioned bool)
 
 	Validate       func(obj T) field.ErrorList
@@ -83,12 +84,19 @@ func (k *Kind[T, S, St]) resetStatus(obj T) {
 	}
 }
 
-// setReady derives the Ready condition from the phase the object carries.
-func (k *Kind[T, S, St]) setReady(obj T, generation int64) {
+// setReady derives the Ready condition from the phase the object carries,
+// unless this write (stored is the object before it; none on create) set Ready
+// itself.
+func (k *Kind[T, S, St]) setReady(obj T, generation int64, stored ...T) {
 	if k.Readiness == nil {
 		return
 	}
 	conds, phase, provisioned := k.Readiness(obj)
+	for _, old := range stored {
+		if before, _, _ := k.Readiness(old); conditions.Written(*conds, *before) {
+			return
+		}
+	}
 	conditions.SetReady(conds, generation, phase, provisioned)
 }
 

@@ -93,7 +93,7 @@ func (s *statusStrategy[T, S, St]) PrepareForUpdate(_ context.Context, obj, old 
 	m.SetLabels(om.GetLabels())
 	m.SetAnnotations(om.GetAnnotations())
 	m.SetGeneration(om.GetGeneration())
-	s.kind.setReady(t, om.GetGeneration())
+	s.kind.setReady(t, om.GetGeneration(), o)
 }
 
 func (s *statusStrategy[T, S, St]) ValidateUpdate(_ context.Context, obj, old runtime.Object) field.ErrorList {

@@ -45,3 +45,15 @@ func SetReady(conds *[]metav1.Condition, generation int64, phase string, provisi
 	}
 	return meta.SetStatusCondition(conds, c)
 }
+
+// Written reports whether a status write set Ready itself: its Ready differs
+// from the stored one's (timestamps aside). A writer that words Ready itself
+// (the broker's fulfillment operator does) owns it; SetReady is for the others.
+func Written(conds, stored []metav1.Condition) bool {
+	c := meta.FindStatusCondition(conds, Ready)
+	if c == nil {
+		return false
+	}
+	o := meta.FindStatusCondition(stored, Ready)
+	return o == nil || c.Status != o.Status || c.Reason != o.Reason || c.Message != o.Message || c.ObservedGeneration != o.ObservedGeneration
+}

@@ -61,3 +61,28 @@ func TestSetReadyTransitions(t *testing.T) {
 		t.Errorf("%d conditions, want one Ready", len(conds))
 	}
 }
+
+// TestWritten: a write that words Ready itself keeps it; one that copied the
+// stored Ready (or has none) gets the derived one.
+func TestWritten(t *testing.T) {
+	var stored []metav1.Condition
+	SetReady(&stored, 1, "Pending", false)
+	same := append([]metav1.Condition(nil), stored...)
+	same[0].LastTransitionTime = metav1.Now()
+	own := []metav1.Condition{{Type: Ready, Status: metav1.ConditionFalse, Reason: "InstanceNotReady", Message: "instance db is Provisioning"}}
+	for name, tc := range map[string]struct {
+		conds []metav1.Condition
+		want  bool
+	}{
+		"copied, timestamps aside": {same, false},
+		"none":                     {nil, false},
+		"its own wording":          {own, true},
+	} {
+		if got := Written(tc.conds, stored); got != tc.want {
+			t.Errorf("%s: Written = %v, want %v", name, got, tc.want)
+		}
+	}
+	if !Written(own, nil) {
+		t.Error("a Ready written where none was stored is the writer's")
+	}
+}

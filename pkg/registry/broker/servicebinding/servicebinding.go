@@ -28,10 +28,8 @@ var kind = registry.Kind[*broker.ServiceBinding, broker.ServiceBindingSpec, brok
 	NewList:    func() runtime.Object { return &broker.ServiceBindingList{} },
 	Spec:       func(o *broker.ServiceBinding) *broker.ServiceBindingSpec { return &o.Spec },
 	Status:     func(o *broker.ServiceBinding) *broker.ServiceBindingStatus { return &o.Status },
-	InitStatus: func(o *broker.ServiceBinding) { o.Status.Phase = broker.PhasePending },
-	Readiness: func(o *broker.ServiceBinding) (*[]metav1.Condition, string, bool) {
-		return &o.Status.Conditions, string(o.Status.Phase), o.Status.Phase == broker.PhaseProvisioned
-	},
+	// No Readiness: the fulfillment operator writes a binding's Ready with its phase.
+	InitStatus:     func(o *broker.ServiceBinding) { o.Status.Phase = broker.PhasePending },
 	Validate:       validation.ValidateServiceBinding,
 	ValidateUpdate: validation.ValidateServiceBindingUpdate,
 	ValidateStatus: validation.ValidateServiceBindingStatus,

@@ -34,14 +34,13 @@ var kind = registry.Kind[*broker.ServiceInstance, broker.ServiceInstanceSpec, br
 	NewList:    func() runtime.Object { return &broker.ServiceInstanceList{} },
 	Spec:       func(o *broker.ServiceInstance) *broker.ServiceInstanceSpec { return &o.Spec },
 	Status:     func(o *broker.ServiceInstance) *broker.ServiceInstanceStatus { return &o.Status },
+	// No Readiness: the fulfillment operator, the one writer of an order's
+	// phase, writes its Ready condition with the saga's step and cause.
 	// The operation id exists from the first write, so whoever placed the order
 	// (kubectl or an Open Service Broker platform) can follow it at once.
 	InitStatus: func(o *broker.ServiceInstance) {
 		o.Status.Phase = broker.PhasePending
 		o.Status.Operation = NewOperation("provision")
-	},
-	Readiness: func(o *broker.ServiceInstance) (*[]metav1.Condition, string, bool) {
-		return &o.Status.Conditions, string(o.Status.Phase), o.Status.Phase == broker.PhaseProvisioned
 	},
 	Validate:       validation.ValidateServiceInstance,
 	ValidateUpdate: validation.ValidateServiceInstanceUpdate,
