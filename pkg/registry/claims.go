@@ -155,9 +155,27 @@ func (r *Reserver[T]) DependOn(ctx context.Context, store *genericregistry.Store
 		if rev, err = strconv.ParseInt(obj.GetResourceVersion(), 10, 64); err != nil {
 			return fmt.Errorf("the resource version of %s %q: %w", store.DefaultQualifiedResource, name, err)
 		}
+		if seen := seenFrom(ctx); seen != nil {
+			seen[r.Claims.ObjectKey(key)] = true
+		}
 	}
 	c.Unchanged = append(c.Unchanged, claim.Revision{Key: r.Claims.ObjectKey(key), ModRevision: rev})
 	return nil
+}
+
+// SeenBefore reports whether an earlier try of this create found the object
+// name of store (DependOn): one absent now was deleted meanwhile.
+func (r *Reserver[T]) SeenBefore(ctx context.Context, store *genericregistry.Store, namespace, name string) bool {
+	key, err := store.KeyFunc(genericapirequest.WithNamespace(ctx, namespace), name)
+	return err == nil && seenFrom(ctx)[r.Claims.ObjectKey(key)]
+}
+
+type seenKey struct{}
+
+// seenFrom is the set of parents the tries of one create have found.
+func seenFrom(ctx context.Context) map[string]bool {
+	m, _ := ctx.Value(seenKey{}).(map[string]bool)
+	return m
 }
 
 // dependencyTries bounds how often a create is tried again because an object
@@ -209,6 +227,18 @@ func (r *Reserver[T]) Resolve(ctx context.Context, holders []claim.Holder, confl
 				return nil, StorageError(err)
 			}
 		default:
+			settled, err := r.settled(ctx, h)
+			if err != nil {
+				return nil, err
+			}
+			if settled {
+				// Freed, not in flight: its owner is gone or moved on.
+				klog.InfoS("Reclaiming a freed claim", "key", h.Key, "owner", h.Owner.String())
+				if err := r.Claims.Drop(ctx, h); err != nil {
+					return nil, StorageError(err)
+				}
+				continue
+			}
 			live, err := r.awaitInFlight(ctx, h)
 			if err != nil {
 				return nil, err
@@ -255,6 +285,31 @@ func (r *Reserver[T]) awaitInFlight(ctx context.Context, h claim.Holder) (bool, 
 				fmt.Errorf("%s is being claimed by a create of %s still in progress; retry", h.Key, h.Owner))
 		}
 	}
+}
+
+// settled reports whether a claim its owner does not hold can no longer be
+// taken up by a write in flight: its object, written after the claim, does
+// not hold it, so it was updated past it (an address changed). Such a claim is
+// free at once, not a 409 "still in progress" until the repair loop's grace
+// (121 s) runs out. An update in flight (its claim written, its object not
+// yet) and a claim without its object are still waited for.
+func (r *Reserver[T]) settled(ctx context.Context, h claim.Holder) (bool, error) {
+	obj, err := r.self.Get(genericapirequest.WithNamespace(ctx, h.Namespace), h.Name, &metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil // maybe a create of an older server, which claimed before writing: wait
+	}
+	if err != nil {
+		return false, StorageError(err)
+	}
+	m := objectMeta(obj)
+	if string(m.GetUID()) != h.UID {
+		return false, nil
+	}
+	rv, err := strconv.ParseInt(m.GetResourceVersion(), 10, 64)
+	if err != nil {
+		return false, nil
+	}
+	return rv > h.ModRevision && keyOf(r.keys(must[T](obj)), h.Key).Key == "", nil
 }
 
 // Live reports whether the holder's object exists (read consistently from etcd)
@@ -416,6 +471,7 @@ func (c *createClaims) settle(err error) {
 func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Context, func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
 	return func(ctx context.Context, create func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
 		tries, changed := 0, 0
+		ctx = context.WithValue(ctx, seenKey{}, map[string]bool{})
 		for {
 			c := &createClaims{store: k.Claims.Store}
 			out, err := create(claim.WithPending(context.WithValue(ctx, createClaimsKey{}, c), &c.Pending))

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,4 +205,55 @@ func both(ctx context.Context, parent, child func() error) (bool, bool, error) {
 		out[i] = err == nil
 	}
 	return out[0], out[1], nil
+}
+
+// TestOperatorFinalizerStaysWhileDependantsRemain: the operators' finalizer
+// cannot be taken off a VPC that is not being deleted, nor off a deleting VPC
+// whose subnets remain (that removal orphaned them); once they are gone the
+// VPC goes.
+func TestOperatorFinalizerStaysWhileDependantsRemain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := apiservertest.Start(t, t.TempDir(), "--operators=true")
+	c := s.Client.NetworkingV1alpha1()
+	vpc, err := c.Vpcs().Create(ctx, fixtures.Vpc("held", "10.61.0.0/16", 0), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vpc.Finalizers) != 1 {
+		t.Fatalf("a VPC created with operators holds finalizers %v, want the operators' one", vpc.Finalizers)
+	}
+	if _, err := c.Subnets().Create(ctx, fixtures.Subnet("held-net", "held", "10.61.1.0/24"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	strip := func() error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			v, err := c.Vpcs().Get(ctx, "held", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			v.Finalizers = nil
+			_, err = c.Vpcs().Update(ctx, v, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	if err := strip(); !apierrors.IsInvalid(err) {
+		t.Errorf("removing the finalizer of a VPC not being deleted: got %v, want 422", err)
+	}
+	if err := c.Vpcs().Delete(ctx, "held", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := strip(); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "held-net") {
+		t.Errorf("removing the finalizer of a deleting VPC with a subnet: got %v, want 422 naming the subnet", err)
+	}
+	if err := c.Subnets().Delete(ctx, "held-net", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Vpcs().Get(ctx, "held", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Errorf("the VPC did not go once its subnet went: %v", err)
+	}
 }

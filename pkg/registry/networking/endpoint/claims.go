@@ -118,6 +118,10 @@ func dependOnParents(ctx context.Context, r *registry.Reserver[*networking.Endpo
 	if err != nil {
 		return nil, nil, err
 	}
+	if droplet == nil && r.SeenBefore(ctx, droplets, "", ep.Spec.Droplet) {
+		// It was there when an earlier try of this create began.
+		return nil, field.ErrorList{field.Forbidden(field.NewPath("spec", "droplet"), fmt.Sprintf("droplet %s was deleted", ep.Spec.Droplet))}, nil
+	}
 	if droplet == nil {
 		return subnet, nil, r.DependOn(ctx, droplets, "", ep.Spec.Droplet, nil)
 	}
