@@ -24,8 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
-	"mizar.dev/pkg/broker/fulfillment"
 	"mizar.dev/pkg/apiserver/apiservertest"
+	"mizar.dev/pkg/broker/fulfillment"
 )
 
 // BenchmarkProvision measures, in one run on the in-process server:
