@@ -25,6 +25,7 @@ import (
 
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/apiserver/apiservertest"
+	"mizar.dev/pkg/broker/fulfillment"
 )
 
 // BenchmarkProvision measures, in one run on the in-process server:
@@ -130,7 +131,8 @@ func BenchmarkProvision(b *testing.B) {
 		for seen := false; !seen; {
 			select {
 			case ev := <-w.ResultChan():
-				seen = ev.Type == watch.Added && ev.Object.(metav1.Object).GetName() == name
+				// The StatefulSet is named from the order's uid; its label names the order.
+				seen = ev.Type == watch.Added && ev.Object.(metav1.Object).GetLabels()[fulfillment.LabelInstance] == name
 			case <-time.After(time.Minute):
 				b.Fatalf("order %s never became a StatefulSet", name)
 			}
