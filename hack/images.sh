@@ -3,6 +3,15 @@
 # -trimpath) on an empty base, written as OCI image tarballs that
 # `kind load image-archive` and `ctr -n k8s.io images import` accept.
 #
+#   mizar.dev/mizar-apiserver:<tag>  /mizar-apiserver (uid 65532)
+#   mizar.dev/mizar-nodeagent:<tag>  /mizar-nodeagent (root: it loads BPF and
+#                                    makes pods' links), with the CNI plugin
+#                                    /opt/mizar/bin/mizar (cmd/cni) and
+#                                    /opt/mizar/bin/portmap (chained by the
+#                                    conflist; installed where a node has none)
+#
+# Every image is required: a command directory that is missing fails the build.
+#
 # Usage: hack/images.sh [tag]      (default tag: dev)
 # Output: _output/images/<name>.tar, image names mizar.dev/<name>:<tag>.
 set -o errexit -o nounset -o pipefail
@@ -16,24 +25,31 @@ export CGO_ENABLED=0 GOWORK=off
 echo "images: building the image tool (hack/tools/image)" >&2
 (cd "$ROOT/hack/tools/image" && go build -trimpath -o "$BIN/image" .)
 
-# image NAME CMD-PACKAGE [extra src=dst]: one image per command that exists.
-image() {
-  local name=$1 pkg=$2 extra=${3:-}
-  if [[ ! -d $ROOT/$pkg ]]; then
-    echo "images: $pkg does not exist yet; skipping $name" >&2
-    return
+# build NAME PACKAGE: a static binary, or a failure if the package is missing.
+build() {
+  local name=$1 pkg=$2
+  if [[ $pkg == ./* && ! -d $ROOT/$pkg ]]; then
+    echo "images: $pkg does not exist: cannot build $name" >&2
+    exit 1
   fi
-  echo "images: $name from $pkg" >&2
-  (cd "$ROOT" && go build -trimpath -ldflags=-s -o "$BIN/$name" "./$pkg")
-  "$BIN/image" --binary "$BIN/$name" --path "/$name" --name "mizar.dev/$name:$TAG" --out "$OUT/$name.tar" ${extra:+--extra "$extra"}
+  (cd "$ROOT" && go build -trimpath -ldflags=-s -o "$BIN/$name" "$pkg")
+}
+
+# image NAME USER [extra src=dst,...]: pack $BIN/NAME as /NAME.
+image() {
+  local name=$1 user=$2 extra=${3:-}
+  "$BIN/image" --binary "$BIN/$name" --path "/$name" --name "mizar.dev/$name:$TAG" --out "$OUT/$name.tar" \
+    --user "$user" ${extra:+--extra "$extra"}
   echo "$OUT/$name.tar"
 }
 
-image mizar-apiserver cmd/apiserver
-# The agent image carries the CNI plugin its DaemonSet installs on each node.
-if [[ -d $ROOT/cmd/cni ]]; then
-  (cd "$ROOT" && go build -trimpath -ldflags=-s -o "$BIN/mizar-cni" ./cmd/cni)
-  image mizar-agent cmd/agent "$BIN/mizar-cni=/mizar-cni"
-else
-  image mizar-agent cmd/agent
-fi
+echo "images: mizar-apiserver from cmd/apiserver" >&2
+build mizar-apiserver ./cmd/apiserver
+image mizar-apiserver 65532:65532
+
+echo "images: mizar-nodeagent from cmd/nodeagent, with cmd/cni and portmap" >&2
+build mizar-nodeagent ./cmd/nodeagent
+build mizar ./cmd/cni
+# The version go.mod pins (containernetworking/plugins).
+build portmap github.com/containernetworking/plugins/plugins/meta/portmap
+image mizar-nodeagent 0:0 "$BIN/mizar=/opt/mizar/bin/mizar,$BIN/portmap=/opt/mizar/bin/portmap"

@@ -117,7 +117,7 @@ cluster() {
         tx-generic-segmentation off tx-udp_tnl-segmentation off tx-udp_tnl-csum-segmentation off >/dev/null
     done
     "$APISERVER" droplet-kubeconfig --data-dir "$data" --droplet "$node" --out "$dir/kubeconfig"
-    "$BIN/mizar-nodeagent" --kubeconfig "$dir/kubeconfig" --droplet "$node" --node "$node" \
+    "$BIN/mizar-nodeagent" --kubeconfig "$dir/kubeconfig" --droplet "$node" --node-name "$node" \
       --host-netns "/run/netns/$ns" --underlay eth0 --xdp-generic --pin-root "/sys/fs/bpf/$pfx-$node" \
       --cni-socket "$dir/cni.sock" --cni-delete-queue "$dir/delete-queue" --cni-state-dir "$dir/state" \
       --health-addr "127.0.0.1:$((9100 + i))" >"$dir/nodeagent.log" 2>&1 &

@@ -81,6 +81,16 @@ type Options struct {
 	// environment variable is unset (see applyGCPercent).
 	GCPercent int
 
+	// NodeAgentServiceAccounts (namespace/name) are the node agents'
+	// ServiceAccounts: their writes are bound to the node their token names
+	// (see dropletrestriction).
+	NodeAgentServiceAccounts []string
+	// DefaultVPC (NAME=CIDR) and DefaultSubnets are created at start if absent.
+	DefaultVPC     string
+	DefaultSubnets []string
+	// CheckFlags validates the flags and exits without serving.
+	CheckFlags bool
+
 	// flags is the set AddFlags registered on, to tell set flags from defaults.
 	flags *pflag.FlagSet
 }
@@ -194,6 +204,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// cluster's size. The server's max-in-flight limits still protect it.
 	fs.Float32Var(&o.OperatorsClientQPS, "operators-client-qps", 1000, "Requests per second each operator may send to this server.")
 	fs.IntVar(&o.OperatorsClientBurst, "operators-client-burst", 2000, "Burst of --operators-client-qps.")
+	fs.StringSliceVar(&o.NodeAgentServiceAccounts, "node-agent-service-account", o.NodeAgentServiceAccounts,
+		"ServiceAccount (namespace/name) of mizar-nodeagent's DaemonSet. Its bound tokens name the node of the agent's pod "+
+			"(authentication.kubernetes.io/node-name), and the agent may write only that node's Droplet and the objects on it. Repeatable.")
+	fs.StringVar(&o.DefaultVPC, "default-vpc", o.DefaultVPC,
+		"NAME=CIDR of the VPC for pods that name none, created at start if absent (an existing one is never changed). Needs --default-subnet.")
+	fs.StringArrayVar(&o.DefaultSubnets, "default-subnet", o.DefaultSubnets,
+		"NAME=CIDR of a subnet of --default-vpc, created at start if absent. Repeatable.")
+	fs.BoolVar(&o.CheckFlags, "check-flags", false, "Validate the flags (mode, values) and exit 0 if they are valid, without serving or touching etcd.")
 	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent,
 		"The Go garbage collector's target, as GOGC: the heap may grow by this percentage of the live heap between collections. "+
 			"Higher spends memory to save CPU. Ignored when the GOGC environment variable is set.")
@@ -216,6 +234,14 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	if o.OperatorsClientQPS <= 0 || o.OperatorsClientBurst < 1 {
 		return fmt.Errorf("--operators-client-qps and --operators-client-burst must be positive, got %v and %d", o.OperatorsClientQPS, o.OperatorsClientBurst)
+	}
+	agentSAs, defaultNet, err := o.validateMizarFlags()
+	if err != nil {
+		return err
+	}
+	if o.CheckFlags {
+		klog.InfoS("Flags are valid (--check-flags)")
+		return nil
 	}
 	if err := o.Broker.Complete(); err != nil {
 		return err
@@ -301,7 +327,7 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod}
+	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NodeAgentServiceAccounts: agentSAs}
 	if o.Operators {
 		serverCfg.Operators = client
 		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst
@@ -323,6 +349,17 @@ func (o *Options) Run(ctx context.Context) error {
 		certKey := o.Recommended.SecureServing.ServerCert.CertKey
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-broker-osb", func(hc genericapiserver.PostStartHookContext) error {
 			return o.Broker.startOSB(hc, hc.LoopbackClientConfig, server.GenericAPIServer.Handler, certKey.CertFile, certKey.KeyFile)
+		})
+	}
+	if defaultNet != nil {
+		server.GenericAPIServer.AddPostStartHookOrDie("mizar-default-network", func(hc genericapiserver.PostStartHookContext) error {
+			// In the background: a refused default network is logged, and the server serves on.
+			go func() {
+				if err := defaultNet.ensure(hc, hc.LoopbackClientConfig); err != nil {
+					klog.ErrorS(err, "The default network was not created", "vpc", defaultNet.VPC.Name)
+				}
+			}()
+			return nil
 		})
 	}
 	if standalone != nil {

@@ -38,6 +38,9 @@ type Config struct {
 	// (client-go's defaults when 0).
 	OperatorsClientQPS   float32
 	OperatorsClientBurst int
+	// NodeAgentServiceAccounts are the user names of the node agents'
+	// ServiceAccounts, whose writes dropletrestriction binds to their token's node.
+	NodeAgentServiceAccounts []string
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -79,9 +82,9 @@ func NewRecommendedConfig() *genericapiserver.RecommendedConfig {
 func (c *Config) New() (*Server, error) {
 	// Node agents write only their own droplet's objects, whoever authorized them.
 	if c.Generic.AdmissionControl == nil {
-		c.Generic.AdmissionControl = dropletrestriction.New()
+		c.Generic.AdmissionControl = dropletrestriction.New(c.NodeAgentServiceAccounts...)
 	} else {
-		c.Generic.AdmissionControl = admission.NewChainHandler(c.Generic.AdmissionControl, dropletrestriction.New())
+		c.Generic.AdmissionControl = admission.NewChainHandler(c.Generic.AdmissionControl, dropletrestriction.New(c.NodeAgentServiceAccounts...))
 	}
 	generic, err := c.Generic.Complete().New("mizar-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {

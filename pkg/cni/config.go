@@ -20,7 +20,13 @@ type NetConf struct {
 	// DeleteQueue is where DELs wait while the agent is down
 	// (DefaultDeleteQueue if empty).
 	DeleteQueue string `json:"deleteQueue,omitempty"`
+	// MTU, when set, is the pods' interface MTU; the agent refuses one above
+	// what its underlay carries (underlay MTU minus Geneve's overhead). 0: that maximum.
+	MTU int `json:"mtu,omitempty"`
 }
+
+// MinMTU is the least MTU an IPv4 interface may have (RFC 791).
+const MinMTU = 68
 
 // ParseConf decodes and checks a configuration; errors are CNI errors with
 // the spec's codes (6 undecodable, 7 invalid).
@@ -28,6 +34,9 @@ func ParseConf(data []byte) (*NetConf, *types.Error) {
 	var c NetConf
 	if err := json.Unmarshal(data, &c); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, "mizar: the network configuration is not valid JSON", err.Error())
+	}
+	if c.MTU != 0 && c.MTU < MinMTU {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: network %q: \"mtu\": %d is below IPv4's minimum of %d (leave it out for the node's largest)", c.Name, c.MTU, MinMTU), "")
 	}
 	if c.AgentSocket == "" {
 		c.AgentSocket = DefaultSocket

@@ -38,6 +38,9 @@ type Options struct {
 	// AckInterval is the least time between two watermark writes of one stream:
 	// what is applied meanwhile is acknowledged together. Default DefaultAckInterval.
 	AckInterval time.Duration
+	// OnProvisioned, if set, runs once the droplet is Provisioned (the node
+	// agent installs the CNI conflist then); its error stops the agent.
+	OnProvisioned func(context.Context) error
 }
 
 // DefaultAckInterval bounds an agent's watermark writes to 20 a second per
@@ -51,6 +54,7 @@ type Agent struct {
 	spec   v1alpha1.DropletSpec
 	dp     Dataplane
 	ack    time.Duration
+	onProv func(context.Context) error
 
 	endpointEvents atomic.Int64
 	otherEvents    atomic.Int64
@@ -78,7 +82,7 @@ func New(o Options) (*Agent, error) {
 	if o.AckInterval == 0 {
 		o.AckInterval = DefaultAckInterval
 	}
-	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, ack: o.AckInterval, subs: map[string]*sub{}}, nil
+	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, ack: o.AckInterval, onProv: o.OnProvisioned, subs: map[string]*sub{}}, nil
 }
 
 // EndpointEvents is how many endpoint watch events the agent has received.
@@ -98,6 +102,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if err := a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"phase": v1alpha1.PhaseProvisioned}); err != nil {
 		return fmt.Errorf("marking droplet %s Provisioned: %w", a.name, err)
+	}
+	if a.onProv != nil {
+		if err := a.onProv(ctx); err != nil {
+			return fmt.Errorf("droplet %s is Provisioned, but: %w", a.name, err)
+		}
 	}
 	onMe := fields.OneTermEqualSelector("spec.droplet", a.name).String()
 	n := a.client.NetworkingV1alpha1()

@@ -357,6 +357,13 @@ func (s *CNIServer) add(ctx context.Context, r *cni.Request) (_ json.RawMessage,
 		}
 	}
 	mtu, _ := dataplane.PodMTU(s.o.UnderlayMTU)
+	if conf.MTU > mtu {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("mizar: network %q: \"mtu\": %d exceeds this node's largest pod MTU %d (underlay MTU %d minus %d bytes of Geneve)",
+			conf.Name, conf.MTU, mtu, s.o.UnderlayMTU, dataplane.GeneveOverhead), "")
+	}
+	if conf.MTU != 0 {
+		mtu = conf.MTU
+	}
 
 	podNS, err := netns.GetFromPath(r.Netns)
 	if err != nil {

@@ -772,3 +772,42 @@ func TestCNIHostAndPod(t *testing.T) {
 		t.Errorf("routes to 10.77.9.2 left after both DELs: %v %v", rs, err)
 	}
 }
+
+// The conflist's "mtu" is honoured up to what the underlay carries and
+// refused beyond it (or below IPv4's minimum) with code 7, leaving nothing.
+func TestCNIMTU(t *testing.T) {
+	e := newCNIEnv(t)
+	ctx := context.Background()
+	withMTU := func(mtu int) *libcni.NetworkConfigList {
+		l, err := libcni.ConfListFromBytes(fmt.Appendf(nil, `{"cniVersion": "1.0.0", "name": "mizar-%s", "plugins": [{"type": "mizar",
+			"vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q, "mtu": %d}]}`, e.sfx, e.vpc, e.subnet, e.socket, e.queue, mtu))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	rt, podH := e.pod("mtu1400")
+	l := withMTU(1400)
+	if _, err := e.cni.AddNetworkList(ctx, l, rt); err != nil {
+		t.Fatalf("ADD with mtu 1400: %v", err)
+	}
+	if pl, err := podH.LinkByName("eth0"); err != nil || pl.Attrs().MTU != 1400 {
+		t.Errorf("pod eth0 with mtu 1400 in the conflist: %v, err %v", pl, err)
+	}
+	if err := e.cni.DelNetworkList(ctx, l, rt); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	e.nothingLeft(rt, podH)
+	for _, c := range []struct {
+		mtu  int
+		want string
+	}{{1451, "exceeds this node's largest pod MTU 1450"}, {60, "below IPv4's minimum"}} {
+		rt, podH := e.pod(fmt.Sprintf("mtu%d", c.mtu))
+		_, err := e.cni.AddNetworkList(ctx, withMTU(c.mtu), rt)
+		if cniCode(t, err) != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ADD with mtu %d: %v, want code 7 saying %q", c.mtu, err, c.want)
+		}
+		_ = e.cni.DelNetworkList(ctx, withMTU(c.mtu), rt)
+		e.nothingLeft(rt, podH)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -36,7 +39,7 @@ type NodeOptions struct {
 	KubeAPIQPS         float32
 	KubeAPIBurst       int
 	Droplet            string
-	Node               string
+	NodeName           string
 	Underlay           string
 	HostIP             string
 	HostMAC            string
@@ -50,25 +53,43 @@ type NodeOptions struct {
 	HostVPC            string
 	ProvisionTimeout   time.Duration
 	AckInterval        time.Duration
+	// CNIConflist is the conflist to install into CNIConfDir as
+	// CNIConflistName once this node's Droplet is Provisioned (empty: none).
+	CNIConflist     string
+	CNIConfDir      string
+	CNIConflistName string
+	// CNIBinDir is where install-cni put the plugin (removed on uninstall).
+	CNIBinDir string
+	// DaemonSet (namespace/name) is the agent's own: when it is deleted, the
+	// agent removes the node's mizar state as it stops.
+	DaemonSet string
+	// CheckFlags validates the flags and returns without running.
+	CheckFlags bool
 }
 
 // NewNodeOptions returns the defaults.
 func NewNodeOptions() *NodeOptions {
-	host, _ := os.Hostname()
-	return &NodeOptions{Droplet: host, Node: host, PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
+	node := os.Getenv("NODE_NAME")
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	return &NodeOptions{NodeName: node, CNIConflistName: ConflistName, CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
 		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval}
 }
 
 // AddFlags registers the options.
 func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of this droplet's identity at mizar-apiserver (mizar-apiserver droplet-kubeconfig)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of this droplet's identity at mizar-apiserver (mizar-apiserver droplet-kubeconfig); "+
+		"empty: in-cluster, through kube-apiserver's APIService with the pod's ServiceAccount token, which also reads the pods' annotations")
 	fs.StringVar(&o.WorkloadKubeconfig, "workload-kubeconfig", o.WorkloadKubeconfig, "kubeconfig of the Kubernetes cluster whose pods run here, to read their "+
-		AnnotationVPC+" and "+AnnotationSubnet+" annotations (empty: the conflist alone places pods)")
+		AnnotationVPC+" and "+AnnotationSubnet+" annotations (empty with --kubeconfig: the conflist alone places pods; empty in-cluster: the pod's own cluster)")
 	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", o.KubeAPIQPS, "queries per second to each API server (client-go's default of 5 would hold back a burst of pod ADDs)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of queries to each API server")
-	fs.StringVar(&o.Droplet, "droplet", o.Droplet, "name of this droplet")
-	fs.StringVar(&o.Node, "node", o.Node, "Kubernetes node this droplet runs on")
+	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Kubernetes node this droplet runs on (default $NODE_NAME, else the host name)")
+	fs.StringVar(&o.NodeName, "node", o.NodeName, "Kubernetes node this droplet runs on")
+	_ = fs.MarkDeprecated("node", "use --node-name")
+	fs.StringVar(&o.Droplet, "droplet", o.Droplet, "name of this droplet (default: --node-name; in-cluster it must be the node's name, which the ServiceAccount token binds the agent to)")
 	fs.StringVar(&o.Underlay, "underlay", o.Underlay, "underlay interface (default: the default route's)")
 	fs.StringVar(&o.HostIP, "host-ip", o.HostIP, "underlay IPv4 address with prefix, e.g. 192.168.1.5/24 (default: the underlay's first)")
 	fs.StringVar(&o.HostMAC, "host-mac", o.HostMAC, "underlay MAC (default: the underlay's)")
@@ -82,6 +103,13 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HostVPC, "host-vpc", o.HostVPC, "VPC whose pods get Kubernetes networking through the node: Services via kube-proxy, egress "+
 		"masqueraded to the node, the node to its pods on every node (the cluster's default VPC for pods; empty: none, and an earlier run's host path is removed)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
+	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the host's CNI configuration directory, as the agent sees it")
+	fs.StringVar(&o.CNIConflistName, "cni-conflist-name", o.CNIConflistName, "file name of the installed conflist")
+	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the host's CNI plugin directory, as the agent sees it (the plugin is removed from it on uninstall)")
+	fs.StringVar(&o.DaemonSet, "daemonset", o.DaemonSet, "the agent's own DaemonSet, namespace/name (a bare name: in $POD_NAMESPACE); when it is deleted, "+
+		"the agent removes the conflist, plugin, BPF pins and state as it stops. Empty: never (restarts and upgrades keep everything either way)")
+	fs.BoolVar(&o.CheckFlags, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
 }
 
@@ -148,36 +176,36 @@ func FindUnderlay(nsPath, name, ip, mac string) (*Underlay, error) {
 // earlier run), registers the droplet and attaches the underlay program,
 // drains queued DELs, and serves the CNI socket and /healthz, /metrics.
 func (o *NodeOptions) Run(ctx context.Context) error {
-	if o.Kubeconfig == "" || o.Droplet == "" {
-		return errors.New("--kubeconfig and --droplet are required")
+	if err := o.Validate(); err != nil {
+		return err
 	}
-	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
-		return fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must be > 0", o.KubeAPIQPS, o.KubeAPIBurst)
+	if o.CheckFlags {
+		klog.InfoS("Flags are valid (--check-flags)")
+		return nil
 	}
-	if o.AckInterval <= 0 {
-		return fmt.Errorf("--ack-interval must be positive, got %v", o.AckInterval)
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
+	cfg, workloadCfg, err := o.clientConfigs()
 	if err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
+		return err
 	}
-	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
 	client, err := versioned.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
 	var workloadPods corev1client.PodsGetter
-	if o.WorkloadKubeconfig != "" {
-		wcfg, err := clientcmd.BuildConfigFromFlags("", o.WorkloadKubeconfig)
-		if err != nil {
-			return fmt.Errorf("--workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+	var workload kubernetes.Interface
+	if workloadCfg != nil {
+		if workload, err = kubernetes.NewForConfig(workloadCfg); err != nil {
+			return fmt.Errorf("the workload cluster's client: %w", err)
 		}
-		wcfg.QPS, wcfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
-		wc, err := kubernetes.NewForConfig(wcfg)
-		if err != nil {
-			return fmt.Errorf("--workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+		workloadPods = workload.CoreV1()
+	}
+	var dsWatch *DaemonSetWatch
+	if o.DaemonSet != "" {
+		if workload == nil {
+			return errors.New("--daemonset needs the cluster the DaemonSet lives in: run in-cluster or set --workload-kubeconfig")
 		}
-		workloadPods = wc.CoreV1()
+		ns, name, _ := ParseNamespacedName(o.DaemonSet, os.Getenv("POD_NAMESPACE"))
+		dsWatch = WatchDaemonSet(ctx, workload, ns, name)
 	}
 	u, err := FindUnderlay(o.HostNetns, o.Underlay, o.HostIP, o.HostMAC)
 	if err != nil {
@@ -195,7 +223,17 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
+	uninstall := false
+	defer func() {
+		dp.Close()
+		if uninstall {
+			if err := o.Uninstall().Run(); err != nil {
+				klog.ErrorS(err, "Removing the node's mizar state failed; run mizar-nodeagent uninstall-cni on the node")
+			} else {
+				klog.InfoS("Removed the node's mizar state (conflist, plugin, pins, CNI state)")
+			}
+		}
+	}()
 	podMTU, err := dataplane.PodMTU(u.MTU)
 	if err != nil {
 		return err
@@ -203,7 +241,8 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns,
 		HostVPC: o.HostVPC, PodMTU: podMTU})
 	agent, err := New(Options{Client: client, Dataplane: rdp, AckInterval: o.AckInterval, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
-		Spec: v1alpha1.DropletSpec{Node: o.Node, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}}})
+		Spec: v1alpha1.DropletSpec{Node: o.NodeName, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}},
+		OnProvisioned: o.installConflist})
 	if err != nil {
 		return err
 	}
@@ -254,12 +293,108 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		}()
 	}
 	klog.InfoS("mizar-nodeagent running", "droplet", o.Droplet, "underlay", u.Name, "hostIP", u.HostIP, "cniSocket", o.CNISocket)
+	var runErr error
 	select {
 	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	// Decided with the caller's context: ours may be cancelled already.
+	if dsWatch != nil && dsWatch.Deleted(context.WithoutCancel(ctx)) {
+		uninstall = true
+	}
+	return runErr
+}
+
+// Validate checks the flags without touching the node or the network.
+func (o *NodeOptions) Validate() error {
+	var errs []error
+	if o.Droplet == "" {
+		o.Droplet = o.NodeName
+	}
+	if o.Droplet == "" {
+		errs = append(errs, errors.New("no droplet name: set --node-name (or $NODE_NAME) or --droplet"))
+	}
+	if o.Kubeconfig == "" && o.Droplet != o.NodeName {
+		errs = append(errs, fmt.Errorf("in-cluster, the droplet is the node: --droplet %s differs from --node-name %s, and the ServiceAccount token lets the agent write only its node's droplet", o.Droplet, o.NodeName))
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps %v and --kube-api-burst %d must be > 0", o.KubeAPIQPS, o.KubeAPIBurst))
+	}
+	if o.AckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--ack-interval must be positive, got %v", o.AckInterval))
+	}
+	if o.ProvisionTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--provision-timeout must be positive, got %v", o.ProvisionTimeout))
+	}
+	if o.HostIP != "" {
+		if _, err := netip.ParsePrefix(o.HostIP); err != nil {
+			errs = append(errs, fmt.Errorf("--host-ip: want an address with its prefix length: %w", err))
+		}
+	}
+	if o.HostMAC != "" {
+		if _, err := net.ParseMAC(o.HostMAC); err != nil {
+			errs = append(errs, fmt.Errorf("--host-mac: %w", err))
+		}
+	}
+	if o.CNIConflist != "" && (o.CNIConfDir == "" || o.CNIConflistName == "" || strings.Contains(o.CNIConflistName, "/")) {
+		errs = append(errs, fmt.Errorf("--cni-conflist needs --cni-conf-dir and a plain --cni-conflist-name, got %q and %q", o.CNIConfDir, o.CNIConflistName))
+	}
+	if o.DaemonSet != "" {
+		if _, _, err := ParseNamespacedName(o.DaemonSet, os.Getenv("POD_NAMESPACE")); err != nil {
+			errs = append(errs, fmt.Errorf("--daemonset: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// clientConfigs returns the configuration for mizar's API and for the workload
+// cluster (nil: none). With --kubeconfig, mizar's API is reached directly (a
+// droplet certificate, netns local clusters); without, in-cluster: through
+// kube-apiserver, whose APIService routes networking.mizar.dev to
+// mizar-apiserver, with the pod's ServiceAccount token, which also reads the
+// pods' annotations.
+func (o *NodeOptions) clientConfigs() (mizar, workload *rest.Config, err error) {
+	if o.Kubeconfig != "" {
+		if mizar, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig); err != nil {
+			return nil, nil, fmt.Errorf("kubeconfig %s: %w", o.Kubeconfig, err)
+		}
+	} else {
+		if mizar, err = rest.InClusterConfig(); err != nil {
+			return nil, nil, fmt.Errorf("no --kubeconfig and not in a pod: %w", err)
+		}
+		workload = rest.CopyConfig(mizar)
+	}
+	if o.WorkloadKubeconfig != "" {
+		if workload, err = clientcmd.BuildConfigFromFlags("", o.WorkloadKubeconfig); err != nil {
+			return nil, nil, fmt.Errorf("--workload-kubeconfig %s: %w", o.WorkloadKubeconfig, err)
+		}
+	}
+	for _, c := range []*rest.Config{mizar, workload} {
+		if c != nil {
+			c.QPS, c.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+			c.UserAgent = "mizar-nodeagent/" + o.NodeName
+		}
+	}
+	return mizar, workload, nil
+}
+
+// installConflist runs once the droplet is Provisioned: from then on kubelet
+// may send pods, so the node turns Ready only when mizar can take them.
+func (o *NodeOptions) installConflist(context.Context) error {
+	if o.CNIConflist == "" {
 		return nil
-	case err := <-errc:
+	}
+	if err := InstallConflist(o.CNIConflist, o.CNIConfDir, o.CNIConflistName); err != nil {
 		return err
 	}
+	klog.InfoS("Installed the CNI conflist: the node may turn Ready", "path", filepath.Join(o.CNIConfDir, o.CNIConflistName))
+	return nil
+}
+
+// Uninstall is what mizar leaves on this node.
+func (o *NodeOptions) Uninstall() Uninstall {
+	return Uninstall{ConfDir: o.CNIConfDir, Conflist: o.CNIConflistName, BinDir: o.CNIBinDir, Plugins: []string{PluginName},
+		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}}
 }
 
 // metrics exports the datapath's state to Prometheus.

@@ -393,7 +393,7 @@ func newCluster(t testing.TB, count int) *cluster {
 		if err := apiserver.IssueDropletKubeconfig(srv.DataDir, n.name, kc); err != nil {
 			t.Fatal(err)
 		}
-		o.Kubeconfig, o.Droplet, o.Node, o.PinRoot, o.XDPGeneric = kc, n.name, n.name, pins, true
+		o.Kubeconfig, o.Droplet, o.NodeName, o.PinRoot, o.XDPGeneric = kc, n.name, n.name, pins, true
 		o.CNISocket, o.DeleteQueue, o.StateDir, o.HealthAddr, o.HostNetns, o.Underlay = n.socket, n.queue, filepath.Join(dir, "state-"+n.name), "", n.path, "eth0"
 		n.opts = o
 		start(n)

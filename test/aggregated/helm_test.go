@@ -2,15 +2,23 @@ package aggregated
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 func chartDir() string { return filepath.Join(repoRoot, "artifacts/charts/mizar") }
@@ -105,6 +113,10 @@ func TestHelmChart(t *testing.T) {
 			{"image.tag=", "/image/tag"},
 			{"etcd.servers[0]=http://insecure:2379,etcd.mode=external,etcd.clientSecret=x", "/etcd/servers/0"},
 			{"typo=1", "'typo' not allowed"},
+			// kube-apiserver's port on a control-plane node, where mizar-apiserver runs on the host network.
+			{"apiserver.port=6443", "/apiserver/port"},
+			{"etcd.bundled.persistence=nfs", "/etcd/bundled/persistence"},
+			{"defaultSubnets=null", "defaultSubnets"},
 		} {
 			r := helm(t, "template", "x", chartDir(), "--set", bad.set)
 			if r.err == nil || !strings.Contains(r.stderr, "values don't meet the specifications of the schema") || !strings.Contains(r.stderr, bad.want) {
@@ -116,11 +128,12 @@ func TestHelmChart(t *testing.T) {
 	t.Run("Render", func(t *testing.T) {
 		want := map[string]struct{ has, hasNot []string }{
 			"default": {
-				has:    []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "PodDisruptionBudget/mz-apiserver"},
-				hasNot: []string{"APIService/v1alpha1.broker.mizar.dev", "Certificate/mz-serving"},
+				has: []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "ClusterRole/mz-agent", "Role/mz-agent"},
+				// One replica beside the bundled etcd: no budget that would block every drain.
+				hasNot: []string{"APIService/v1alpha1.broker.mizar.dev", "Certificate/mz-serving", "PodDisruptionBudget/mz-apiserver"},
 			},
 			"secrets-external-broker": {
-				has:    []string{"APIService/v1alpha1.networking.mizar.dev", "APIService/v1alpha1.broker.mizar.dev", "Deployment/mz-apiserver"},
+				has:    []string{"APIService/v1alpha1.networking.mizar.dev", "APIService/v1alpha1.broker.mizar.dev", "Deployment/mz-apiserver", "PodDisruptionBudget/mz-apiserver"},
 				hasNot: []string{"StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client"},
 			},
 			"cert-manager": {
@@ -180,9 +193,14 @@ func contains(list []string, s string) bool {
 }
 
 // testHelmInstall installs the default chart into the local control plane, so
-// kube-apiserver validates every object, then uninstalls it. The chart's
-// APIService has the same name as the one the test cluster routes through, so
-// that one is removed for the duration and restored afterwards.
+// kube-apiserver validates every object, upgrades it (same values, then a
+// changed value, then a certificate rotation) and uninstalls it. A
+// mizar-apiserver serving the certificate the release generated stands in
+// for the release's pods (no kubelet runs here): the APIService must stay
+// Available and every request through the aggregator succeed across the
+// upgrades, and the generated certificates must not change unless rotated.
+// The chart's APIService has the same name as the one the test cluster
+// routes through, so that one is removed for the duration and restored afterwards.
 func testHelmInstall(t *testing.T) {
 	k := newKC(t, kubectls[0].path, cl.AdminKubeconfig)
 	s := suffix()
@@ -201,6 +219,9 @@ func testHelmInstall(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("helm install: %s", r)
 	}
+	if !strings.Contains(r.stdout, "helm uninstall") || !strings.Contains(r.stdout, "kubectl delete namespace") {
+		t.Errorf("helm install's NOTES do not say what uninstall leaves and how to remove it:\n%s", r.stdout)
+	}
 	manifest := helm(t, "get", "manifest", release, "-n", ns)
 	if manifest.err != nil {
 		t.Fatalf("helm get manifest: %s", manifest)
@@ -218,6 +239,141 @@ func testHelmInstall(t *testing.T) {
 	if got := k.ok("get", "apiservice", "v1alpha1.networking.mizar.dev", "-o", "jsonpath={.spec.service.namespace}/{.spec.service.name}"); got != ns+"/"+release+"-apiserver" {
 		t.Errorf("installed APIService points at %s", got)
 	}
+
+	// The release's certificate, served by a mizar-apiserver behind the release's Service.
+	secret := func(name string) map[string]string {
+		out := map[string]string{}
+		for _, key := range []string{"ca.crt", "tls.crt", "tls.key"} {
+			b64 := k.ok("get", "secret", name, "-n", ns, "-o", "jsonpath={.data."+strings.ReplaceAll(key, ".", "\\.")+"}")
+			b, err := base64.StdEncoding.DecodeString(b64)
+			if err != nil {
+				t.Fatalf("secret %s %s: %v", name, key, err)
+			}
+			out[key] = string(b)
+		}
+		return out
+	}
+	caBundle := func() string {
+		b, err := base64.StdEncoding.DecodeString(k.ok("get", "apiservice", "v1alpha1.networking.mizar.dev", "-o", "jsonpath={.spec.caBundle}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	serving, etcdServer := secret(release+"-serving"), secret(release+"-etcd-server")
+	if caBundle() != serving["ca.crt"] {
+		t.Fatalf("the APIService's caBundle is not the serving Secret's CA")
+	}
+	dir := t.TempDir()
+	for key, v := range serving {
+		if err := os.WriteFile(filepath.Join(dir, key), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	port := 20000 + rand.IntN(20000)
+	addr, err := cl.StartMizarWithCert(ctx, port, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt"), release+"-apiserver."+ns+".svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.okIn(fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %[1]s-apiserver-test
+  namespace: %[2]s
+  labels: {kubernetes.io/service-name: %[1]s-apiserver, endpointslice.kubernetes.io/managed-by: mizar-e2e}
+addressType: IPv4
+endpoints: [{addresses: ["%[3]s"], conditions: {ready: true}}]
+ports: [{name: https, port: %[4]d, protocol: TCP}]
+`, release, ns, addr, port), "apply", "-f", "-")
+	if err := cl.WaitAPIService(ctx, true); err != nil {
+		t.Fatalf("the release's APIService never became Available: %v", err)
+	}
+
+	// Requests through the aggregator, all along the upgrades.
+	cfg, err := clientcmd.BuildConfigFromFlags("", cl.AdminKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent, failed atomic.Int64
+	var firstFailure atomic.Value
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			sent.Add(1)
+			resp, err := hc.Get(cfg.Host + "/apis/networking.mizar.dev/v1alpha1/vpcs?limit=1")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+			}
+			if err != nil {
+				failed.Add(1)
+				firstFailure.CompareAndSwap(nil, err.Error())
+			}
+		}
+	}()
+	for _, up := range [][]string{
+		{"--reuse-values"},
+		{"--reuse-values", "--set", "apiserver.extraArgs={--v=2}"},
+		{"--reset-values", "--set", "agent.mtu=1400"},
+	} {
+		if r := helm(t, append([]string{"upgrade", release, chartDir(), "-n", ns}, up...)...); r.err != nil {
+			t.Fatalf("helm upgrade %v: %s", up, r)
+		}
+		if got := secret(release + "-serving"); got["ca.crt"] != serving["ca.crt"] || got["tls.crt"] != serving["tls.crt"] || got["tls.key"] != serving["tls.key"] {
+			t.Errorf("helm upgrade %v re-issued the serving certificate", up)
+		}
+		if got := secret(release + "-etcd-server"); got["ca.crt"] != etcdServer["ca.crt"] || got["tls.key"] != etcdServer["tls.key"] {
+			t.Errorf("helm upgrade %v re-issued etcd's certificates", up)
+		}
+		if caBundle() != serving["ca.crt"] {
+			t.Errorf("helm upgrade %v changed the APIService's caBundle", up)
+		}
+		if r := k.run("", "get", "apiservice", "v1alpha1.networking.mizar.dev", "-o", "jsonpath={.status.conditions[?(@.type=='Available')].status}"); r.stdout != "True" {
+			t.Errorf("after helm upgrade %v the APIService is not Available: %s", up, r)
+		}
+	}
+	// A deliberate rotation: a new CA and certificate, both CAs trusted, so the
+	// backend still serving the old certificate is reached throughout.
+	if r := helm(t, "upgrade", release, chartDir(), "-n", ns, "--reuse-values", "--set", "tls.rotate=true"); r.err != nil {
+		t.Fatalf("helm upgrade tls.rotate=true: %s", r)
+	}
+	rotated := secret(release + "-serving")
+	if rotated["ca.crt"] == serving["ca.crt"] || rotated["tls.crt"] == serving["tls.crt"] {
+		t.Errorf("tls.rotate=true kept the old certificate")
+	}
+	if b := caBundle(); !strings.Contains(b, serving["ca.crt"]) || !strings.Contains(b, rotated["ca.crt"]) {
+		t.Errorf("during the rotation the caBundle does not hold both CAs")
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	<-done
+	t.Logf("%d requests through the aggregator during 3 upgrades and a rotation, %d failed", sent.Load(), failed.Load())
+	if failed.Load() > 0 || sent.Load() < 10 {
+		t.Errorf("%d of %d requests through the aggregator failed during the upgrades (first: %v)", failed.Load(), sent.Load(), firstFailure.Load())
+	}
+	if r := helm(t, "upgrade", release, chartDir(), "-n", ns, "--reuse-values", "--set", "tls.rotate=false"); r.err != nil {
+		t.Fatalf("helm upgrade after the rotation: %s", r)
+	}
+	if got := secret(release + "-serving"); got["ca.crt"] != rotated["ca.crt"] || caBundle() != rotated["ca.crt"] {
+		t.Errorf("after the rotation the new CA is not kept alone in the caBundle")
+	}
+
 	if r := helm(t, "uninstall", release, "-n", ns, "--wait"); r.err != nil {
 		t.Fatalf("helm uninstall: %s", r)
 	}

@@ -97,6 +97,8 @@ func run(m *testing.M) int {
 		// mizar's namespace and RBAC exactly as shipped: if they lack a permission
 		// the server needs, it never becomes ready.
 		Manifests: []string{filepath.Join(repoRoot, "artifacts/deploy/namespace.yaml"), filepath.Join(repoRoot, "artifacts/deploy/rbac.yaml")},
+		// As artifacts/deploy/apiserver.yaml runs it: agents' writes bound to their token's node.
+		MizarArgs: []string{"--node-agent-service-account=mizar-system/mizar-agent"},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "aggregated: starting the control plane:", err)

@@ -489,6 +489,11 @@ func (c *Cluster) KubectlStdin(ctx context.Context, stdin string, args ...string
 
 // waitReady polls url/readyz with the admin client certificate.
 func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error {
+	return c.waitReadyAs(ctx, name, url, caFile, "")
+}
+
+// waitReadyAs is waitReady verifying the certificate for serverName (empty: the URL's host).
+func (c *Cluster) waitReadyAs(ctx context.Context, name, url, caFile, serverName string) error {
 	ca, err := os.ReadFile(caFile)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", caFile, err)
@@ -500,7 +505,7 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 		return fmt.Errorf("loading the admin certificate: %w", err)
 	}
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: serverName}}}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	var last string
@@ -535,7 +540,7 @@ func (c *Cluster) waitReady(ctx context.Context, name, url, caFile string) error
 // stopOrder: the clients of mizar-apiserver's watches (kube-controller-manager's
 // informers, proxied by kube-apiserver) go first, so mizar-apiserver shuts down
 // without open watches; then mizar before the kube-apiserver its informers watch.
-var stopOrder = []string{"kube-controller-manager", "mizar-apiserver", "mizar-etcd", "kube-apiserver", "etcd"}
+var stopOrder = []string{"kube-controller-manager", "mizar-apiserver-extra", "mizar-apiserver", "mizar-etcd", "kube-apiserver", "etcd"}
 
 // Stop ends every process and deletes the namespace.
 func (c *Cluster) Stop() error {
@@ -599,4 +604,28 @@ func (c *Cluster) start(name string, inNetns bool, bin string, args ...string) (
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
 	return p, nil
+}
+
+// StartMizarWithCert starts one more mizar-apiserver in the namespace, on
+// port, serving certFile/keyFile (e.g. the certificate a Helm release
+// generated), on the same etcd and identity as the cluster's own, and waits
+// until it is ready. It returns the address to put in an EndpointSlice; Stop
+// ends it with the rest.
+func (c *Cluster) StartMizarWithCert(ctx context.Context, port int, certFile, keyFile, caFile, serverName string, extraArgs ...string) (string, error) {
+	p := func(n string) string { return c.path("pki", n) }
+	args := append([]string{
+		"--bind-address=" + c.nsIP, "--secure-port=" + strconv.Itoa(port),
+		"--tls-cert-file=" + certFile, "--tls-private-key-file=" + keyFile,
+		"--etcd-servers=" + c.mizarEtcdClients,
+		"--etcd-cafile=" + p("etcd-ca.crt"), "--etcd-certfile=" + p("etcd-client.crt"), "--etcd-keyfile=" + p("etcd-client.key"),
+		"--authentication-kubeconfig=" + c.mizarKubeconfig, "--authorization-kubeconfig=" + c.mizarKubeconfig,
+		"--kubeconfig=" + c.mizarKubeconfig,
+		"--data-dir=" + c.path("data", fmt.Sprintf("mizar-%d", port)),
+		// The cluster's own replica runs them.
+		"--operators=false",
+	}, extraArgs...)
+	if _, err := c.start("mizar-apiserver-extra", true, c.opts.MizarAPIServer, args...); err != nil {
+		return "", err
+	}
+	return c.nsIP, c.waitReadyAs(ctx, "mizar-apiserver-extra", fmt.Sprintf("https://%s:%d", c.nsIP, port), caFile, serverName)
 }

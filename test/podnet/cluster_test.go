@@ -178,7 +178,7 @@ func (c *podCluster) startAgent(n *node) {
 	c.t.Helper()
 	var err error
 	n.agent, err = cluster.StartProc("mizar-nodeagent "+n.name, filepath.Join(n.dir, fmt.Sprintf("nodeagent-%d.log", time.Now().UnixNano())),
-		exec.Command(filepath.Join(c.bin, "mizar-nodeagent"), "--kubeconfig", filepath.Join(n.dir, "kubeconfig"), "--droplet", n.name, "--node", n.name,
+		exec.Command(filepath.Join(c.bin, "mizar-nodeagent"), "--kubeconfig", filepath.Join(n.dir, "kubeconfig"), "--droplet", n.name, "--node-name", n.name,
 			"--host-netns", "/run/netns/"+n.ns, "--underlay", "eth0", "--xdp-generic", "--pin-root", n.pins,
 			"--cni-socket", n.socket, "--cni-delete-queue", n.queue, "--cni-state-dir", n.state,
 			"--health-addr", n.health))

@@ -28,7 +28,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "mizar.etcdServers" -}}
-{{- if eq .Values.etcd.mode "external" -}}{{ join "," .Values.etcd.servers }}{{- else -}}https://{{ include "mizar.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:2379{{- end -}}
+{{- if eq .Values.etcd.mode "external" -}}{{ join "," .Values.etcd.servers }}
+{{- else if .Values.apiserver.hostNetwork -}}https://127.0.0.1:{{ .Values.etcd.bundled.clientPort }}
+{{- else -}}https://{{ include "mizar.fullname" . }}-etcd.{{ .Release.Namespace }}.svc:{{ .Values.etcd.bundled.clientPort }}{{- end -}}
 {{- end -}}
 
 {{/* Served API groups (v1alpha1 each): one APIService per group version. */}}
@@ -36,4 +38,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $gvs := list "networking.mizar.dev" -}}
 {{- if .Values.broker.enabled -}}{{- $gvs = append $gvs "broker.mizar.dev" -}}{{- end -}}
 {{- join " " $gvs -}}
+{{- end -}}
+
+{{- define "mizar.conflistName" -}}10-mizar.conflist{{- end -}}
+
+{{/* The conflist the agents install: mizar, then portmap for hostPorts.
+cniVersion 1.0.0: containerd 1.6/1.7 cannot read 1.1.0 results. */}}
+{{- define "mizar.conflist" -}}
+{
+  "cniVersion": "1.0.0",
+  "name": "mizar",
+  "plugins": [
+    {"type": "mizar", "vpc": {{ .Values.defaultVpc.name | quote }}, "subnet": {{ (index .Values.defaultSubnets 0).name | quote }}{{ if .Values.agent.mtu }}, "mtu": {{ .Values.agent.mtu }}{{ end }}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
 {{- end -}}
