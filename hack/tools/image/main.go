@@ -35,7 +35,7 @@ func main() {
 	path := flag.String("path", "", "where the binary goes in the image (its entrypoint)")
 	name := flag.String("name", "", "image reference, e.g. mizar.dev/mizar-apiserver:dev")
 	out := flag.String("out", "", "output tarball")
-	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar-cni=/mizar-cni")
+	extra := flag.String("extra", "", "comma-separated extra files, src=dst, e.g. bin/mizar=/opt/mizar/bin/mizar")
 	base := flag.String("base", "", "tarball of a root filesystem to put under the binary (first layer)")
 	user := flag.String("user", "65532:65532", "the image's user (uid:gid); 0:0 for a node agent that loads BPF programs")
 	env := flag.String("env", "", "comma-separated KEY=VALUE environment of the image, e.g. PATH=/usr/local/bin:/usr/bin")
