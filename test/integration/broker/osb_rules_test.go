@@ -165,7 +165,7 @@ func TestKubectlOrderNamedLikeAGUID(t *testing.T) {
 			t.Errorf("connection secret %q", in.Status.ConnectionSecret)
 		}
 		// The operator alone writes it, once.
-		in.Status.WorkloadName = "renamed"
+		in.Status.WorkloadName, in.ResourceVersion = "renamed", "" // unconditional: no conflict in the way
 		if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).UpdateStatus(ctx, in, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
 			t.Errorf("changing status.workloadName: %v, want 422", err)
 		}
