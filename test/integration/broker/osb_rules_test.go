@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/retry"
 
 	v1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/broker/osb"
@@ -126,9 +127,16 @@ func TestOSBAnyInstanceID(t *testing.T) {
 	other := randomGUID('c')
 	f.expect(f.do("PUT", instancePath(other)+"?accepts_incomplete=true", f.provisionBody(f.smallID, nil), nil), 202, "provision")
 	hashed := "X" + other
-	in, _ := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Get(testContext(t), other, metav1.GetOptions{})
-	in.Annotations[osb.AnnotationID] = hashed
-	if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Update(testContext(t), in, metav1.UpdateOptions{}); err != nil {
+	// The operator writes the order too (finalizer, status): retry on conflict.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		in, err := shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Get(testContext(t), other, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		in.Annotations[osb.AnnotationID] = hashed
+		_, err = shared.Client.BrokerV1alpha1().ServiceInstances(f.ns).Update(testContext(t), in, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	f.expect(f.do("GET", instancePath(other)+"/last_operation", nil, nil), 404, "last_operation of an id whose name holds another id's order")
@@ -157,7 +165,7 @@ func TestKubectlOrderNamedLikeAGUID(t *testing.T) {
 			t.Errorf("connection secret %q", in.Status.ConnectionSecret)
 		}
 		// The operator alone writes it, once.
-		in.Status.WorkloadName = "renamed"
+		in.Status.WorkloadName, in.ResourceVersion = "renamed", "" // unconditional: no conflict in the way
 		if _, err := shared.Client.BrokerV1alpha1().ServiceInstances(ns).UpdateStatus(ctx, in, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
 			t.Errorf("changing status.workloadName: %v, want 422", err)
 		}
