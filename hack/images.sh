@@ -6,9 +6,8 @@
 #   mizar.dev/mizar-apiserver:<tag>  /mizar-apiserver (uid 65532)
 #   mizar.dev/mizar-nodeagent:<tag>  /mizar-nodeagent (root: it loads BPF and
 #                                    makes pods' links), with the CNI plugin
-#                                    /opt/mizar/bin/mizar (cmd/cni) and
-#                                    /opt/mizar/bin/portmap (chained by the
-#                                    conflist; installed where a node has none)
+#                                    /opt/mizar/bin/mizar (cmd/cni); portmap,
+#                                    which the conflist chains, comes with the node
 #
 # Every image is required: a command directory that is missing fails the build.
 #
@@ -47,7 +46,7 @@ echo "images: mizar-apiserver from cmd/apiserver" >&2
 build mizar-apiserver ./cmd/apiserver
 image mizar-apiserver 65532:65532
 
-echo "images: mizar-nodeagent from cmd/nodeagent, with cmd/cni and portmap" >&2
+echo "images: mizar-nodeagent from cmd/nodeagent, with cmd/cni" >&2
 build mizar-nodeagent ./cmd/nodeagent
 build mizar ./cmd/cni
 # portmap (chained by the conflist) comes from the node image: building it here
