@@ -28,13 +28,18 @@ func TestAuthenticatedFromFirstReady(t *testing.T) {
 	if err := cl.StopMizar(); err != nil {
 		t.Fatalf("stopping mizar-apiserver: %v", err)
 	}
+	// The restart and the wait for it outlive this function (they finish in
+	// Cleanup), so they get a context of their own, not the test's, which the
+	// deferred cancel ends before Cleanup runs.
+	restartCtx, restartCancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	started := make(chan error, 1)
-	go func() { started <- cl.StartMizar(ctx) }()
+	go func() { started <- cl.StartMizar(restartCtx) }()
 	t.Cleanup(func() {
+		defer restartCancel()
 		if err := <-started; err != nil {
 			t.Errorf("restarting mizar-apiserver: %v", err)
 		}
-		if err := cl.WaitAPIService(ctx, true); err != nil {
+		if err := cl.WaitAPIService(restartCtx, true); err != nil {
 			t.Errorf("APIService after the restart: %v", err)
 		}
 	})
