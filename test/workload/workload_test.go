@@ -117,17 +117,22 @@ func TestFulfillmentAgainstARealWorkloadCluster(t *testing.T) {
 	if _, err := mizar.Client.BrokerV1alpha1().ServiceInstances("mizar-broker").Create(ctx, order("mizar-broker"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitOrder(t, mizar, "mizar-broker", "db", "waited for replicas", func(in *v1.ServiceInstance) bool {
+	waiting := waitOrder(t, mizar, "mizar-broker", "db", "waited for replicas", func(in *v1.ServiceInstance) bool {
 		return in != nil && in.Status.Phase == v1.PhaseProvisioning && strings.Contains(fulfillment.Describe(in), "waiting for 0/3 replicas ready")
 	})
-	sts, err := kube.AppsV1().StatefulSets("mizar-broker").Get(ctx, "db", metav1.GetOptions{})
+	// The workload objects are named from the order's uid (status.workloadName), not its name.
+	wl := waiting.Status.WorkloadName
+	if wl == "" {
+		t.Fatalf("order db waits for replicas with no status.workloadName: %+v", waiting.Status)
+	}
+	sts, err := kube.AppsV1().StatefulSets("mizar-broker").Get(ctx, wl, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kube.CoreV1().Services("mizar-broker").Get(ctx, "db", metav1.GetOptions{}); err != nil {
+	if _, err := kube.CoreV1().Services("mizar-broker").Get(ctx, wl, metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	secret, err := kube.CoreV1().Secrets("mizar-broker").Get(ctx, "db-credentials", metav1.GetOptions{})
+	secret, err := kube.CoreV1().Secrets("mizar-broker").Get(ctx, wl+"-credentials", metav1.GetOptions{})
 	if err != nil || len(secret.Data["password"]) < 16 {
 		t.Fatalf("credentials Secret: %v", err)
 	}
@@ -144,11 +149,22 @@ func TestFulfillmentAgainstARealWorkloadCluster(t *testing.T) {
 	if err := facade.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	binding, err := facade.Bind(ctx, "db", "app", domain.BindDetails{}, false)
+	class, err := mizar.Client.BrokerV1alpha1().ServiceClasses().Get(ctx, "mysql", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A bind names the instance's service and plan (OSB: 400 otherwise).
+	bindTo := domain.BindDetails{ServiceID: class.Spec.ID}
+	for _, p := range class.Spec.Plans {
+		if p.Name == "ha" {
+			bindTo.PlanID = p.ID
+		}
+	}
+	binding, err := facade.Bind(ctx, "db", "app", bindTo, false)
 	if err != nil {
 		t.Fatalf("bind: %v", err)
 	}
-	if cr := binding.Credentials.(map[string]any); cr["password"] != string(secret.Data["password"]) || cr["host"] != "db.mizar-broker.svc" {
+	if cr := binding.Credentials.(map[string]any); cr["password"] != string(secret.Data["password"]) || cr["host"] != wl+".mizar-broker.svc" {
 		t.Errorf("bound credentials %v do not match the Secret", cr)
 	}
 	if _, err := facade.Unbind(ctx, "db", "app", domain.UnbindDetails{}, false); err != nil {
@@ -173,13 +189,13 @@ func TestFulfillmentAgainstARealWorkloadCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitOrder(t, mizar, "mizar-broker", "db", "went away", func(in *v1.ServiceInstance) bool { return in == nil })
-	if _, err := kube.AppsV1().StatefulSets("mizar-broker").Get(ctx, "db", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := kube.AppsV1().StatefulSets("mizar-broker").Get(ctx, wl, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("StatefulSet left behind: %v", err)
 	}
-	if _, err := kube.CoreV1().Services("mizar-broker").Get(ctx, "db", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := kube.CoreV1().Services("mizar-broker").Get(ctx, wl, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Service left behind: %v", err)
 	}
-	if _, err := kube.CoreV1().Secrets("mizar-broker").Get(ctx, "db-credentials", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := kube.CoreV1().Secrets("mizar-broker").Get(ctx, wl+"-credentials", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Secret left behind: %v", err)
 	}
 }
