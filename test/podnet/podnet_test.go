@@ -168,7 +168,10 @@ func TestPodNetwork(t *testing.T) {
 	}
 
 	step("two VPCs with overlapping CIDRs stay isolated", func(t *testing.T) {
-		r1, r3 := c.addPod(n1, "r1", "b1"), c.addPod(n3, "r3", "b1")
+		// b1 repeats a1's addresses; a node refuses a second pod with an address
+		// one of its pods holds (it could not tell them apart), so each lands on a
+		// node whose a1 pod holds another: r1 takes 10.60.1.2 (p1's, on n1), r3 .3 (p2's, on n2).
+		r1, r3 := c.addPod(n3, "r1", "b1"), c.addPod(n1, "r3", "b1")
 		if err := ping(r3, r1.ip, 2); err != nil {
 			t.Error(err)
 		}
