@@ -6,8 +6,11 @@
 #   mizar.dev/mizar-apiserver:<tag>  /mizar-apiserver (uid 65532)
 #   mizar.dev/mizar-nodeagent:<tag>  /mizar-nodeagent (root: it loads BPF and
 #                                    makes pods' links), with the CNI plugin
-#                                    /opt/mizar/bin/mizar (cmd/cni); portmap,
-#                                    which the conflist chains, comes with the node
+#                                    /opt/mizar/bin/mizar (cmd/cni), on Debian's
+#                                    nft and its libraries (the host path's
+#                                    rules go through knftables, which runs
+#                                    nft); portmap, which the conflist chains,
+#                                    comes with the node
 #
 # Every image is required: a command directory that is missing fails the build.
 #
@@ -34,11 +37,11 @@ build() {
   (cd "$ROOT" && go build -trimpath -ldflags=-s -o "$BIN/$name" "$pkg")
 }
 
-# image NAME USER [extra src=dst,...]: pack $BIN/NAME as /NAME.
+# image NAME USER [extra src=dst,...] [base.tar]: pack $BIN/NAME as /NAME.
 image() {
-  local name=$1 user=$2 extra=${3:-}
+  local name=$1 user=$2 extra=${3:-} base=${4:-}
   "$BIN/image" --binary "$BIN/$name" --path "/$name" --name "mizar.dev/$name:$TAG" --out "$OUT/$name.tar" \
-    --user "$user" ${extra:+--extra "$extra"}
+    --user "$user" ${extra:+--extra "$extra"} ${base:+--base "$base" --env PATH=/usr/sbin:/usr/bin:/sbin:/bin}
   echo "$OUT/$name.tar"
 }
 
@@ -51,4 +54,7 @@ build mizar-nodeagent ./cmd/nodeagent
 build mizar ./cmd/cni
 # portmap (chained by the conflist) comes from the node image: building it here
 # needs go.sum entries for its dependencies (github.com/mattn/go-shellwords).
-image mizar-nodeagent 0:0 "$BIN/mizar=/opt/mizar/bin/mizar"
+# nft and its libraries from Debian (needs root once: debootstrap; then cached).
+echo "images: the agent's base layer (Debian's nftables)" >&2
+nftbase=$("$ROOT/hack/kind/debian-base.sh" nftables)
+image mizar-nodeagent 0:0 "$BIN/mizar=/opt/mizar/bin/mizar" "$nftbase"

@@ -87,8 +87,8 @@ func uninstallCNICommand() *cobra.Command {
 		Short: "Remove mizar's conflist, plugin, BPF pins and CNI state from this node",
 		Long: `uninstall-cni removes the conflist first (kubelet stops sending pods to mizar and
 the node turns NotReady), then the plugin, the BPF pins (which detaches mizar's
-programs), the CNI state, the delete queue and the socket directory. Pods on the
-node lose their network. Run it only where no mizar-nodeagent runs any more.`,
+programs), the CNI state, the delete queue, the socket directory and the host
+path's device pair and nftables table. Pods on the node lose their network. Run it only where no mizar-nodeagent runs any more.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(*cobra.Command, []string) error {
@@ -99,13 +99,7 @@ node lose their network. Run it only where no mizar-nodeagent runs any more.`,
 		},
 	}
 	fs := c.Flags()
-	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the host's CNI configuration directory")
-	fs.StringVar(&o.CNIConflistName, "cni-conflist-name", o.CNIConflistName, "file name of the installed conflist")
-	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the host's CNI plugin directory")
-	fs.StringVar(&o.PinRoot, "pin-root", o.PinRoot, "bpffs directory of mizar's maps and links")
-	fs.StringVar(&o.StateDir, "cni-state-dir", o.StateDir, "directory of the pods' attachment records")
-	fs.StringVar(&o.DeleteQueue, "cni-delete-queue", o.DeleteQueue, "directory of queued CNI deletes")
-	fs.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "the agent's CNI socket (its directory is removed)")
+	o.AddStateFlags(fs)
 	fs.BoolVar(&check, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	return c
 }

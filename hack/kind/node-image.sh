@@ -89,9 +89,10 @@ done
 img --binary "${bin[etcd]}" --path /usr/local/bin/etcd --name "registry.k8s.io/etcd:${etcdv#v}-0" --user 0:0 --env "$rootpath" --out "$tmp/images/etcd.tar"
 img --binary "${bin[coredns]}" --path /coredns --name "registry.k8s.io/coredns/coredns:$corednsv" --user 0:0 --out "$tmp/images/coredns.tar"
 img --binary "$tmp/bin/pause" --path /pause --name registry.k8s.io/pause:3.10.1 --out "$tmp/images/pause.tar"
-# kube-proxy runs iptables-nft, iptables-restore and conntrack: their files
-# and the shared libraries they load, taken from the node's own Debian rootfs.
-"$ROOT/hack/kind/debian-subset.sh" "$R" "$tmp/kube-proxy-base.tar" iptables conntrack
+# kube-proxy runs iptables-nft, iptables-restore, conntrack and (in nftables
+# mode) nft: their files and the shared libraries they load, taken from the
+# node's own Debian rootfs.
+"$ROOT/hack/kind/debian-subset.sh" "$R" "$tmp/kube-proxy-base.tar" iptables conntrack nftables
 img --binary "${bin[kube-proxy]}" --path /usr/local/bin/kube-proxy --name "registry.k8s.io/kube-proxy:$kube" --user 0:0 --env "$rootpath" \
   --base "$tmp/kube-proxy-base.tar" --out "$tmp/images/kube-proxy.tar"
 

@@ -66,6 +66,19 @@ for n in $nodes; do
   done
 done
 
+# CoreDNS forwards names outside the cluster to the node's resolver, which
+# under podman is aardvark-dns: it answers no TCP, so a client asking CoreDNS
+# over TCP (the DNS conformance specs do) got SERVFAIL for every name that
+# walks the node's search domain. Ask upstream over UDP whatever the client used.
+corefile=$("$KUBECTL" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}')
+if ! grep -q prefer_udp <<<"$corefile"; then
+  "$KUBECTL" -n kube-system get configmap coredns -o json |
+    jq '.data.Corefile |= sub("forward \\. /etc/resolv.conf \\{"; "forward . /etc/resolv.conf {\n           prefer_udp")' |
+    "$KUBECTL" apply -f - >/dev/null
+  "$KUBECTL" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}' | grep -q prefer_udp ||
+    { log "could not set prefer_udp in CoreDNS's Corefile"; exit 1; }
+fi
+
 case $CNI in
 reference)
   "$ROOT/hack/kind/refcni.sh"

@@ -94,13 +94,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.ctx = ctx
 	a.mu.Unlock()
-	if err := a.register(ctx); err != nil {
+	if err := untilServed(ctx, "registering the droplet", func() error { return a.register(ctx) }); err != nil {
 		return err
 	}
 	if err := a.dp.Attach(ctx); err != nil {
 		return fmt.Errorf("attaching the dataplane: %w", err)
 	}
-	if err := a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"phase": v1alpha1.PhaseProvisioned}); err != nil {
+	if err := untilServed(ctx, "marking the droplet Provisioned", func() error {
+		return a.patchStatus(ctx, "droplet", a.name, "", map[string]any{"phase": v1alpha1.PhaseProvisioned})
+	}); err != nil {
 		return fmt.Errorf("marking droplet %s Provisioned: %w", a.name, err)
 	}
 	if a.onProv != nil {
@@ -160,6 +162,11 @@ func (a *Agent) register(ctx context.Context) error {
 	if apierrors.IsNotFound(err) {
 		d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name}, Spec: a.spec}
 		if _, err := c.Create(ctx, d, metav1.CreateOptions{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				// Not the droplet: the resource itself, which the aggregator
+				// does not serve yet (the APIService is still being discovered).
+				err = notServedYet{err}
+			}
 			return fmt.Errorf("registering droplet %s: %w", a.name, err)
 		}
 		return nil

@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"k8s.io/klog/v2"
 
 	"mizar.dev/pkg/dataplane"
@@ -126,6 +128,10 @@ type Uninstall struct {
 	// Dirs are removed with their contents: the CNI state, the delete queue
 	// and the socket's directory.
 	Dirs []string
+	// HostPath removes the host path's device pair and nftables table (what
+	// --host-vpc installed), in HostNetns ("" = this process's netns).
+	HostPath  bool
+	HostNetns string
 }
 
 // Run removes the conflist first (kubelet stops starting pods on mizar and
@@ -167,5 +173,25 @@ func (u Uninstall) Run() error {
 	for _, d := range u.Dirs {
 		rm(d, true)
 	}
+	if u.HostPath {
+		if err := u.removeHostPath(); err != nil {
+			errs = append(errs, fmt.Errorf("removing the host path: %w", err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// removeHostPath removes the host device pair and nftables table, which
+// would otherwise keep routing the old pod range into a device nobody serves.
+func (u Uninstall) removeHostPath() error {
+	run := func() error { return dataplane.RemoveHostPathNode(context.Background()) }
+	if u.HostNetns != "" {
+		inner := run
+		run = func() error { return ns.WithNetNSPath(u.HostNetns, func(ns.NetNS) error { return inner() }) }
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	klog.InfoS("Removed the host path", "device", dataplane.HostDevice)
+	return nil
 }

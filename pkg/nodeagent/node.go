@@ -93,29 +93,37 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Underlay, "underlay", o.Underlay, "underlay interface (default: the default route's)")
 	fs.StringVar(&o.HostIP, "host-ip", o.HostIP, "underlay IPv4 address with prefix, e.g. 192.168.1.5/24 (default: the underlay's first)")
 	fs.StringVar(&o.HostMAC, "host-mac", o.HostMAC, "underlay MAC (default: the underlay's)")
-	fs.StringVar(&o.PinRoot, "pin-root", o.PinRoot, "bpffs directory for mizar's maps and links")
 	fs.BoolVar(&o.XDPGeneric, "xdp-generic", o.XDPGeneric, "attach the underlay program in generic (SKB) mode, for drivers without native XDP")
-	fs.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "unix socket mizar-cni talks to (root only)")
-	fs.StringVar(&o.DeleteQueue, "cni-delete-queue", o.DeleteQueue, "directory where mizar-cni queues DELs while the agent is down; drained at start")
-	fs.StringVar(&o.StateDir, "cni-state-dir", o.StateDir, "directory recording each pod attachment")
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address serving /healthz and /metrics (empty: off)")
-	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
 	fs.StringVar(&o.HostVPC, "host-vpc", o.HostVPC, "VPC whose pods get Kubernetes networking through the node: Services via kube-proxy, egress "+
 		"masqueraded to the node, the node to its pods on every node (the cluster's default VPC for pods; empty: none, and an earlier run's host path is removed)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
-	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the host's CNI configuration directory, as the agent sees it")
-	fs.StringVar(&o.CNIConflistName, "cni-conflist-name", o.CNIConflistName, "file name of the installed conflist")
-	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the host's CNI plugin directory, as the agent sees it (the plugin is removed from it on uninstall)")
 	fs.StringVar(&o.DaemonSet, "daemonset", o.DaemonSet, "the agent's own DaemonSet, namespace/name (a bare name: in $POD_NAMESPACE); when it is deleted, "+
 		"the agent removes the conflist, plugin, BPF pins and state as it stops. Empty: never (restarts and upgrades keep everything either way)")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
+	o.AddStateFlags(fs)
+}
+
+// AddStateFlags registers where mizar keeps its state on the node: the agent
+// and uninstall-cni (which removes it) share them.
+func (o *NodeOptions) AddStateFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the host's CNI configuration directory, as the agent sees it")
+	fs.StringVar(&o.CNIConflistName, "cni-conflist-name", o.CNIConflistName, "file name of the installed conflist")
+	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the host's CNI plugin directory, as the agent sees it (the plugin is removed from it on uninstall)")
+	fs.StringVar(&o.PinRoot, "pin-root", o.PinRoot, "bpffs directory for mizar's maps and links")
+	fs.StringVar(&o.StateDir, "cni-state-dir", o.StateDir, "directory recording each pod attachment")
+	fs.StringVar(&o.DeleteQueue, "cni-delete-queue", o.DeleteQueue, "directory where mizar-cni queues DELs while the agent is down; drained at start")
+	fs.StringVar(&o.CNISocket, "cni-socket", o.CNISocket, "unix socket mizar-cni talks to (root only; its directory is removed on uninstall)")
+	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
 }
 
 // Underlay describes the host's underlay interface.
 type Underlay struct {
-	Name   string
+	Name string
+	// Kind is the link's kind ("veth", "device", ...).
+	Kind   string
 	Index  int
 	HostIP netip.Prefix
 	MAC    net.HardwareAddr
@@ -150,7 +158,7 @@ func FindUnderlay(nsPath, name, ip, mac string) (*Underlay, error) {
 	} else if l, err = h.LinkByName(name); err != nil {
 		return nil, fmt.Errorf("underlay interface %s: %w", name, err)
 	}
-	u := &Underlay{Name: l.Attrs().Name, Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr, MTU: l.Attrs().MTU}
+	u := &Underlay{Name: l.Attrs().Name, Kind: l.Type(), Index: l.Attrs().Index, MAC: l.Attrs().HardwareAddr, MTU: l.Attrs().MTU}
 	if mac != "" {
 		if u.MAC, err = net.ParseMAC(mac); err != nil {
 			return nil, fmt.Errorf("--host-mac: %w", err)
@@ -214,10 +222,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
 		return err
 	}
-	mode := dataplane.XDPDriver
-	if o.XDPGeneric {
-		mode = dataplane.XDPGeneric
-	}
+	mode := underlayXDPMode(u, o.XDPGeneric)
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
 		UnderlayMTU: u.MTU})
 	if err != nil {
@@ -303,6 +308,23 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		uninstall = true
 	}
 	return runErr
+}
+
+// underlayXDPMode picks how the underlay program attaches. A veth underlay
+// (kind and podman nodes, netns test hosts) always gets generic XDP: native
+// XDP_TX on a veth is counted as tx_dropped unless the peer, which mizar does
+// not own, runs an XDP program too, and every relayed frame would be lost.
+func underlayXDPMode(u *Underlay, generic bool) dataplane.XDPMode {
+	switch {
+	case generic:
+		return dataplane.XDPGeneric
+	case u.Kind == "veth":
+		klog.InfoS("The underlay is a veth: attaching its XDP program in generic mode (native XDP_TX on a veth needs XDP on a peer mizar does not own)",
+			"underlay", u.Name)
+		return dataplane.XDPGeneric
+	default:
+		return dataplane.XDPDriver
+	}
 }
 
 // Validate checks the flags without touching the node or the network.
@@ -394,7 +416,7 @@ func (o *NodeOptions) installConflist(context.Context) error {
 // Uninstall is what mizar leaves on this node.
 func (o *NodeOptions) Uninstall() Uninstall {
 	return Uninstall{ConfDir: o.CNIConfDir, Conflist: o.CNIConflistName, BinDir: o.CNIBinDir, Plugins: []string{PluginName},
-		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}}
+		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}, HostPath: true, HostNetns: o.HostNetns}
 }
 
 // metrics exports the datapath's state to Prometheus.

@@ -168,8 +168,14 @@ func (e *env) podmanEnv() []string {
 // run runs a command with the cluster's kubeconfig and podman settings and
 // returns its combined output; the error carries the output.
 func (e *env) run(ctx context.Context, name string, args ...string) (string, error) {
+	return e.runStdin(ctx, "", name, args...)
+}
+
+// runStdin is run with stdin as the command's standard input.
+func (e *env) runStdin(ctx context.Context, stdin, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = e.podmanEnv()
+	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -181,6 +187,11 @@ func (e *env) run(ctx context.Context, name string, args ...string) (string, err
 
 func (e *env) kubectlRun(ctx context.Context, args ...string) (string, error) {
 	return e.run(ctx, e.kubectl, args...)
+}
+
+// kubectlStdin runs kubectl with stdin (a manifest for `apply -f -`).
+func (e *env) kubectlStdin(ctx context.Context, stdin string, args ...string) (string, error) {
+	return e.runStdin(ctx, stdin, e.kubectl, args...)
 }
 
 // exec runs argv in a pod's container (through kubelet, not the pod network).
