@@ -15,7 +15,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt verify-size vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster
 
 all: build
 
@@ -75,13 +75,16 @@ clean: down
 codegen:
 	hack/update-codegen.sh
 
-verify: vet verify-fmt verify-deps verify-codegen verify-bpf
+verify: vet verify-fmt verify-deps verify-codegen verify-bpf verify-size
 
 vet:
 	$(GO) vet ./...
 
 verify-fmt:
 	@out=$$(gofmt -l cmd pkg test hack); if [ -n "$$out" ]; then echo "gofmt needed:" >&2; echo "$$out" >&2; exit 1; fi
+
+verify-size:
+	hack/verify-size.sh
 
 verify-deps:
 	hack/verify-deps.sh
