@@ -15,7 +15,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt verify-size vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt verify-size vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster bench-cluster
 
 all: build
 
@@ -160,3 +160,9 @@ cluster-up: up
 cluster-down: down
 
 include hack/dataplane.mk
+
+# Pod startup (100 pods) and cross-node TCP/RTT of mizar as ratios to the
+# reference bridge + host-local network, each on a fresh kind cluster in one
+# run (test/e2ecluster BenchmarkCluster; needs root and podman).
+bench-cluster:
+	MIZAR_E2E_CLUSTER=1 $(GO) test ./test/e2ecluster -run '^$$' -bench Cluster -benchtime 1x -timeout 60m -v

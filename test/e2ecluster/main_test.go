@@ -67,16 +67,24 @@ func TestMain(m *testing.M) {
 		}
 	}
 	if upRan && os.Getenv("MIZAR_E2E_KEEP") != "1" {
-		cmd := exec.Command(filepath.Join(cluster.RepoRoot(), "hack/kind/down.sh"))
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "e2ecluster: hack/kind/down.sh: %v\n", err)
+		if err := down(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2ecluster: %v\n", err)
 			if code == 0 {
 				code = 1
 			}
 		}
 	}
 	os.Exit(code)
+}
+
+// down removes the kind cluster (hack/kind/down.sh).
+func down() error {
+	cmd := exec.Command(filepath.Join(cluster.RepoRoot(), "hack/kind/down.sh"))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("hack/kind/down.sh: %w", err)
+	}
+	return nil
 }
 
 // clusterEnv brings the cluster up once (hack/kind/up.sh, idempotent) and
@@ -91,19 +99,21 @@ func clusterEnv(t *testing.T) *env {
 	if _, err := exec.LookPath("podman"); err != nil {
 		ci.Unavailable(t, "podman is not installed (hack/install-deps.sh installs it)")
 	}
-	setupOnce.Do(func() { theEnv, setupErr = setup() })
+	setupOnce.Do(func() { theEnv, setupErr = setup(os.Getenv("MIZAR_KIND_CNI")) })
 	if setupErr != nil {
 		t.Fatalf("bringing the kind cluster up: %v", setupErr)
 	}
 	return theEnv
 }
 
-func setup() (*env, error) {
+// setup brings the cluster up with network cni ("" = mizar) and loads the
+// test image.
+func setup(cni string) (*env, error) {
 	root, err := filepath.Abs(cluster.RepoRoot())
 	if err != nil {
 		return nil, err
 	}
-	e := &env{root: root, cni: os.Getenv("MIZAR_KIND_CNI"), kubeconfig: filepath.Join(root, "_output/kind/kubeconfig")}
+	e := &env{root: root, cni: cni, kubeconfig: filepath.Join(root, "_output/kind/kubeconfig")}
 	if e.cni == "" {
 		e.cni = "mizar"
 	}
