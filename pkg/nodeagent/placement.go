@@ -14,10 +14,9 @@ import (
 
 // Pod annotations that place a pod's endpoint, overriding the conflist's
 // "vpc" and "subnet" when the agent can read pods (--workload-kubeconfig).
-// A subnet alone implies its VPC; a VPC alone must be the conflist subnet's.
 const (
-	AnnotationVPC    = "mizar.dev/vpc"
-	AnnotationSubnet = "mizar.dev/subnet"
+	AnnotationVPC    = v1alpha1.PodAnnotationVPC
+	AnnotationSubnet = v1alpha1.PodAnnotationSubnet
 )
 
 // placement is where an ADD puts the pod, and what named it (for errors).

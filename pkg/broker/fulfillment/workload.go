@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	brokerv1 "mizar.dev/pkg/apis/broker/v1alpha1"
+	netv1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/broker/saga"
 )
 
@@ -32,8 +33,10 @@ const (
 	LabelInstanceUID = "broker.mizar.dev/instance-uid"
 	LabelManagedBy   = "app.kubernetes.io/managed-by"
 	managedBy        = "mizar-broker"
-	// AnnotationSubnet on a pod asks mizar's CNI to attach it to that subnet.
-	AnnotationSubnet = "networking.mizar.dev/subnet"
+	// AnnotationSubnet on a pod asks mizar's CNI to attach it to that subnet:
+	// the annotation the node agent reads (it was "networking.mizar.dev/subnet",
+	// which no agent read, so orders with a subnet landed in the default one).
+	AnnotationSubnet = netv1alpha1.PodAnnotationSubnet
 
 	mysqlPort  = 3306
 	mysqlUser  = "app"
