@@ -53,6 +53,7 @@ type EndpointOperator struct {
 	dividers  cache.SharedIndexInformer
 	loop      *reconcile.Loop
 	waits     *waiters
+	moved     moves
 }
 
 // pending reports whether an endpoint may still change phase.
@@ -99,6 +100,9 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		}
 	}
 	if _, err := o.endpoints.AddEventHandler(o.loop.Handler()); err != nil {
+		return nil, err
+	}
+	if err := o.watchMoves(); err != nil {
 		return nil, err
 	}
 	if _, err := o.bouncers.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -257,6 +261,9 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	obj, ok, err := o.endpoints.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
 		o.waits.forget(key)
+		if err == nil {
+			err = o.recordMove(ctx, key, nil) // moved, then gone before this ran
+		}
 		return err
 	}
 	ep := obj.(*v1alpha1.Endpoint)
@@ -266,6 +273,9 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return err
 	}
 	hostGone := droplet == nil || droplet.DeletionTimestamp != nil
+	if err := o.recordMove(ctx, key, ep); err != nil {
+		return err
+	}
 
 	if ep.DeletionTimestamp != nil {
 		if !reconcile.HasFinalizer(ep) {
@@ -279,6 +289,11 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 			return nil
 		}
 		o.waits.forget(key)
+		// Hosts that only learned where it lives forget it now that no
+		// relay vouches for it any more (departure.go).
+		if err := o.recordDeparture(ctx, key, ep, ep.Spec.Droplet); err != nil {
+			return err
+		}
 		ep = ep.DeepCopy()
 		ep.Finalizers = reconcile.WithoutFinalizer(ep)
 		if _, err := c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
