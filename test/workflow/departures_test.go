@@ -3,6 +3,7 @@ package workflow
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,6 +80,49 @@ func TestDeparturesListed(t *testing.T) {
 	})
 	if got := agents[to].dp.HostEndpoints()[key]; got != "" {
 		t.Errorf("host %s still programs %s", to, key)
+	}
+
+	// Many at once (a namespace deleted): every one listed, numbered
+	// without gaps, the operator's workers writing the subnet together.
+	const many = 24
+	var keys []string
+	for i := range many {
+		ep, err := c.Endpoints(ns).Create(ctx, &v1alpha1.Endpoint{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("m%d", i)},
+			Spec: v1alpha1.EndpointSpec{Subnet: p, Droplet: from, MAC: fmt.Sprintf("02:42:0a:07:02:%02x", i)}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, ns+"/"+ep.Name)
+	}
+	eventually(t, ctx, "all Provisioned", func() (bool, error) {
+		l, err := c.Endpoints(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range l.Items {
+			if e.Status.Phase != v1alpha1.PhaseProvisioned {
+				return false, fmt.Errorf("%s is %q", e.Name, e.Status.Phase)
+			}
+		}
+		return len(l.Items) == many, nil
+	})
+	start := time.Now()
+	if err := c.Endpoints(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deps = departures(2 + many)
+	t.Logf("%d departures listed %v after the delete", many, time.Since(start).Round(time.Millisecond))
+	listed := map[string]bool{}
+	for i, d := range deps {
+		if i > 0 && d.Sequence != deps[i-1].Sequence+1 {
+			t.Errorf("departures numbered %d then %d", deps[i-1].Sequence, d.Sequence)
+		}
+		listed[d.Endpoint] = true
+	}
+	for _, k := range keys {
+		if !listed[k] {
+			t.Errorf("%s not listed among %d departures", k, len(deps))
+		}
 	}
 
 	// The list's rules hold against any writer: a gap in the numbering

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/generated/clientset/versioned"
 )
 
 // Departures. A host that only learned where an endpoint lives (a relay's
@@ -87,31 +88,90 @@ func (o *EndpointOperator) recordMove(ctx context.Context, key string, cur *v1al
 	return nil
 }
 
-// recordDeparture appends "ep left droplet" to its subnet's departures. A
-// departure recorded twice (a retry after a later step failed) only makes
-// agents forget once more.
+// recordDeparture appends "ep left droplet" to its subnet's departures and
+// returns once that is written. A departure recorded twice (a retry after a
+// later step failed) only makes agents forget once more.
 func (o *EndpointOperator) recordDeparture(ctx context.Context, key string, ep *v1alpha1.Endpoint, droplet string) error {
 	if droplet == "" || ep.Spec.IP == "" {
 		return nil // never placed: no host can have learned it
 	}
-	c := o.client.NetworkingV1alpha1().Subnets()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		s, err := c.Get(ctx, ep.Spec.Subnet, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		s.Status.Departures = AppendDeparture(s.Status.Departures, v1alpha1.EndpointDeparture{Endpoint: key, IP: ep.Spec.IP, Droplet: droplet})
-		_, err = c.UpdateStatus(ctx, s, metav1.UpdateOptions{})
-		return err
-	})
-	if apierrors.IsNotFound(err) {
-		return nil // subnet gone: agents forget everything learned in it (departures.go)
-	}
-	if err != nil {
+	d := v1alpha1.EndpointDeparture{Endpoint: key, IP: ep.Spec.IP, Droplet: droplet}
+	if err := o.departures.record(ctx, ep.Spec.Subnet, d); err != nil {
 		return fmt.Errorf("recording the departure of %s (%s) from droplet %s in subnet %s: %w", key, ep.Spec.IP, droplet, ep.Spec.Subnet, err)
 	}
 	klog.V(2).InfoS("Recorded endpoint departure", "endpoint", key, "ip", ep.Spec.IP, "droplet", droplet, "subnet", ep.Spec.Subnet)
 	return nil
+}
+
+// departureLog writes departures, one subnet status write for all those
+// that wait on a subnet (group commit): the operator's workers deleting a
+// namespace's endpoints of one subnet would otherwise all write the same
+// object at once and mostly conflict.
+type departureLog struct {
+	client versioned.Interface
+
+	mu      sync.Mutex
+	pending map[string][]departureWait // subnet -> waiting to be written
+	writing map[string]bool            // a writer is at work on the subnet
+}
+
+type departureWait struct {
+	d    v1alpha1.EndpointDeparture
+	done chan error
+}
+
+func newDepartureLog(client versioned.Interface) *departureLog {
+	return &departureLog{client: client, pending: map[string][]departureWait{}, writing: map[string]bool{}}
+}
+
+// record queues d and waits until it is written. The first caller for a
+// subnet writes, in rounds, whatever has queued meanwhile.
+func (l *departureLog) record(ctx context.Context, subnet string, d v1alpha1.EndpointDeparture) error {
+	w := departureWait{d: d, done: make(chan error, 1)}
+	l.mu.Lock()
+	l.pending[subnet] = append(l.pending[subnet], w)
+	if l.writing[subnet] {
+		l.mu.Unlock()
+		select {
+		case err := <-w.done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	l.writing[subnet] = true
+	for len(l.pending[subnet]) > 0 {
+		batch := l.pending[subnet]
+		delete(l.pending, subnet)
+		l.mu.Unlock()
+		err := l.write(ctx, subnet, batch)
+		for _, b := range batch {
+			b.done <- err
+		}
+		l.mu.Lock()
+	}
+	delete(l.writing, subnet)
+	l.mu.Unlock()
+	return <-w.done
+}
+
+func (l *departureLog) write(ctx context.Context, subnet string, batch []departureWait) error {
+	c := l.client.NetworkingV1alpha1().Subnets()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := c.Get(ctx, subnet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, b := range batch {
+			s.Status.Departures = AppendDeparture(s.Status.Departures, b.d)
+		}
+		_, err = c.UpdateStatus(ctx, s, metav1.UpdateOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil // subnet gone: agents forget everything learned in it (pkg/nodeagent, departures.go)
+	}
+	return err
 }
 
 // AppendDeparture returns deps with d appended under the next sequence

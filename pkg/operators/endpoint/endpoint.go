@@ -44,16 +44,17 @@ const (
 
 // EndpointOperator is the one writer of an endpoint's phase.
 type EndpointOperator struct {
-	client    versioned.Interface
-	endpoints cache.SharedIndexInformer
-	droplets  listers.DropletLister
-	subnets   listers.SubnetLister
-	subnetInf cache.SharedIndexInformer
-	bouncers  cache.SharedIndexInformer
-	dividers  cache.SharedIndexInformer
-	loop      *reconcile.Loop
-	waits     *waiters
-	moved     moves
+	client     versioned.Interface
+	endpoints  cache.SharedIndexInformer
+	droplets   listers.DropletLister
+	subnets    listers.SubnetLister
+	subnetInf  cache.SharedIndexInformer
+	bouncers   cache.SharedIndexInformer
+	dividers   cache.SharedIndexInformer
+	loop       *reconcile.Loop
+	waits      *waiters
+	moved      moves
+	departures *departureLog
 }
 
 // pending reports whether an endpoint may still change phase.
@@ -65,14 +66,15 @@ func pending(ep *v1alpha1.Endpoint) bool {
 func New(client versioned.Interface, f informers.SharedInformerFactory) (*EndpointOperator, error) {
 	n := f.Networking().V1alpha1()
 	o := &EndpointOperator{
-		client:    client,
-		endpoints: n.Endpoints().Informer(),
-		droplets:  n.Droplets().Lister(),
-		subnets:   n.Subnets().Lister(),
-		subnetInf: n.Subnets().Informer(),
-		bouncers:  n.Bouncers().Informer(),
-		dividers:  n.Dividers().Informer(),
-		waits:     newWaiters(),
+		client:     client,
+		endpoints:  n.Endpoints().Informer(),
+		droplets:   n.Droplets().Lister(),
+		subnets:    n.Subnets().Lister(),
+		subnetInf:  n.Subnets().Informer(),
+		bouncers:   n.Bouncers().Informer(),
+		dividers:   n.Dividers().Informer(),
+		waits:      newWaiters(),
+		departures: newDepartureLog(client),
 	}
 	o.loop = reconcile.New("endpoint-operator", o.Reconcile)
 	for _, ix := range []struct {
