@@ -116,6 +116,9 @@ func NewDatapath(o DatapathOptions) *Datapath {
 	for _, inf := range []cache.SharedIndexInformer{n.Vpcs().Informer(), n.Subnets().Informer(), n.Droplets().Informer(), n.Bouncers().Informer(), n.Dividers().Informer()} {
 		_, _ = inf.AddEventHandler(h)
 	}
+	if o.DP != nil {
+		_, _ = n.Subnets().Informer().AddEventHandler(newDepartures(o.DP, d.vni).handler())
+	}
 	return d
 }
 
@@ -143,6 +146,12 @@ func (d *Datapath) Attach(ctx context.Context) error {
 		}
 	}
 	if err := d.syncTopology(); err != nil {
+		return err
+	}
+	// Endpoints may have left their hosts while no agent followed their
+	// subnets' departures (departures.go): what an earlier run learned is
+	// learned again through the relays.
+	if err := d.dp.ForgetAllLearned(); err != nil {
 		return err
 	}
 	// Tagged Geneve is dropped, but only a tag left in the frame is seen.

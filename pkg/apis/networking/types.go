@@ -76,6 +76,19 @@ type SubnetSpec struct {
 
 type SubnetStatus struct {
 	ProvisioningStatus
+	Departures []EndpointDeparture
+}
+
+// MaxSubnetDepartures bounds SubnetStatus.Departures (v1alpha1 says why).
+const MaxSubnetDepartures = 32
+
+// EndpointDeparture records that an endpoint left a host (deleted, or moved
+// to another droplet); see the v1alpha1 type.
+type EndpointDeparture struct {
+	Sequence int64
+	Endpoint string
+	IP       string
+	Droplet  string
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

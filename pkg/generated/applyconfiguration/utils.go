@@ -78,6 +78,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &applyconfigurationnetworkingv1alpha1.DropletStatusApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("Endpoint"):
 		return &applyconfigurationnetworkingv1alpha1.EndpointApplyConfiguration{}
+	case networkingv1alpha1.SchemeGroupVersion.WithKind("EndpointDeparture"):
+		return &applyconfigurationnetworkingv1alpha1.EndpointDepartureApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("EndpointSpec"):
 		return &applyconfigurationnetworkingv1alpha1.EndpointSpecApplyConfiguration{}
 	case networkingv1alpha1.SchemeGroupVersion.WithKind("EndpointStatus"):

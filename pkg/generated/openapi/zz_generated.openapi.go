@@ -115,6 +115,7 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		networkingv1alpha1.DropletSpec{}.OpenAPIModelName():        schema_pkg_apis_networking_v1alpha1_DropletSpec(ref),
 		networkingv1alpha1.DropletStatus{}.OpenAPIModelName():      schema_pkg_apis_networking_v1alpha1_DropletStatus(ref),
 		networkingv1alpha1.Endpoint{}.OpenAPIModelName():           schema_pkg_apis_networking_v1alpha1_Endpoint(ref),
+		networkingv1alpha1.EndpointDeparture{}.OpenAPIModelName():  schema_pkg_apis_networking_v1alpha1_EndpointDeparture(ref),
 		networkingv1alpha1.EndpointList{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_EndpointList(ref),
 		networkingv1alpha1.EndpointSpec{}.OpenAPIModelName():       schema_pkg_apis_networking_v1alpha1_EndpointSpec(ref),
 		networkingv1alpha1.EndpointStatus{}.OpenAPIModelName():     schema_pkg_apis_networking_v1alpha1_EndpointStatus(ref),
@@ -4211,6 +4212,52 @@ func schema_pkg_apis_networking_v1alpha1_Endpoint(ref common.ReferenceCallback) 
 	}
 }
 
+func schema_pkg_apis_networking_v1alpha1_EndpointDeparture(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "EndpointDeparture records that an endpoint left a host.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"sequence": {
+						SchemaProps: spec.SchemaProps{
+							Description: "sequence numbers the subnet's departures: 1, 2, ... without gaps, so a reader can tell whether it missed some.",
+							Default:     0,
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+					"endpoint": {
+						SchemaProps: spec.SchemaProps{
+							Description: "endpoint is the endpoint's namespace/name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"ip": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ip is the endpoint's address.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"droplet": {
+						SchemaProps: spec.SchemaProps{
+							Description: "droplet is the droplet the endpoint left.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"sequence", "endpoint", "ip", "droplet"},
+			},
+		},
+	}
+}
+
 func schema_pkg_apis_networking_v1alpha1_EndpointList(ref common.ReferenceCallback) common.OpenAPIDefinition {
 	return common.OpenAPIDefinition{
 		Schema: spec.Schema{
@@ -4613,11 +4660,33 @@ func schema_pkg_apis_networking_v1alpha1_SubnetStatus(ref common.ReferenceCallba
 							},
 						},
 					},
+					"departures": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"sequence",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "departures are the subnet's most recent endpoint departures, oldest first, at most MaxSubnetDepartures: an endpoint deleted, or moved to another droplet. Every node agent follows subnets, so a host that only learned where an endpoint lives (from a relay, without an entry of its own in the API) forgets it, for delivery and for trust, within one watch event of this list. Written by the Endpoint operator once the endpoint's former host and relays have let it go.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Default: map[string]interface{}{},
+										Ref:     ref(networkingv1alpha1.EndpointDeparture{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 				},
 			},
 		},
 		Dependencies: []string{
-			v1.Condition{}.OpenAPIModelName()},
+			v1.Condition{}.OpenAPIModelName(), networkingv1alpha1.EndpointDeparture{}.OpenAPIModelName()},
 	}
 }
 

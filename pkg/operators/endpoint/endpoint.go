@@ -44,15 +44,17 @@ const (
 
 // EndpointOperator is the one writer of an endpoint's phase.
 type EndpointOperator struct {
-	client    versioned.Interface
-	endpoints cache.SharedIndexInformer
-	droplets  listers.DropletLister
-	subnets   listers.SubnetLister
-	subnetInf cache.SharedIndexInformer
-	bouncers  cache.SharedIndexInformer
-	dividers  cache.SharedIndexInformer
-	loop      *reconcile.Loop
-	waits     *waiters
+	client     versioned.Interface
+	endpoints  cache.SharedIndexInformer
+	droplets   listers.DropletLister
+	subnets    listers.SubnetLister
+	subnetInf  cache.SharedIndexInformer
+	bouncers   cache.SharedIndexInformer
+	dividers   cache.SharedIndexInformer
+	loop       *reconcile.Loop
+	waits      *waiters
+	moved      moves
+	departures *departureLog
 }
 
 // pending reports whether an endpoint may still change phase.
@@ -64,14 +66,15 @@ func pending(ep *v1alpha1.Endpoint) bool {
 func New(client versioned.Interface, f informers.SharedInformerFactory) (*EndpointOperator, error) {
 	n := f.Networking().V1alpha1()
 	o := &EndpointOperator{
-		client:    client,
-		endpoints: n.Endpoints().Informer(),
-		droplets:  n.Droplets().Lister(),
-		subnets:   n.Subnets().Lister(),
-		subnetInf: n.Subnets().Informer(),
-		bouncers:  n.Bouncers().Informer(),
-		dividers:  n.Dividers().Informer(),
-		waits:     newWaiters(),
+		client:     client,
+		endpoints:  n.Endpoints().Informer(),
+		droplets:   n.Droplets().Lister(),
+		subnets:    n.Subnets().Lister(),
+		subnetInf:  n.Subnets().Informer(),
+		bouncers:   n.Bouncers().Informer(),
+		dividers:   n.Dividers().Informer(),
+		waits:      newWaiters(),
+		departures: newDepartureLog(client),
 	}
 	o.loop = reconcile.New("endpoint-operator", o.Reconcile)
 	for _, ix := range []struct {
@@ -99,6 +102,9 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		}
 	}
 	if _, err := o.endpoints.AddEventHandler(o.loop.Handler()); err != nil {
+		return nil, err
+	}
+	if err := o.watchMoves(); err != nil {
 		return nil, err
 	}
 	if _, err := o.bouncers.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -257,6 +263,9 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	obj, ok, err := o.endpoints.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
 		o.waits.forget(key)
+		if err == nil {
+			err = o.recordMove(ctx, key, nil) // moved, then gone before this ran
+		}
 		return err
 	}
 	ep := obj.(*v1alpha1.Endpoint)
@@ -266,6 +275,9 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return err
 	}
 	hostGone := droplet == nil || droplet.DeletionTimestamp != nil
+	if err := o.recordMove(ctx, key, ep); err != nil {
+		return err
+	}
 
 	if ep.DeletionTimestamp != nil {
 		if !reconcile.HasFinalizer(ep) {
@@ -279,6 +291,11 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 			return nil
 		}
 		o.waits.forget(key)
+		// Hosts that only learned where it lives forget it now that no
+		// relay vouches for it any more (departure.go).
+		if err := o.recordDeparture(ctx, key, ep, ep.Spec.Droplet); err != nil {
+			return err
+		}
 		ep = ep.DeepCopy()
 		ep.Finalizers = reconcile.WithoutFinalizer(ep)
 		if _, err := c.Update(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {

@@ -47,6 +47,8 @@ func (*DropletStatus) ProtoMessage() {}
 
 func (*Endpoint) ProtoMessage() {}
 
+func (*EndpointDeparture) ProtoMessage() {}
+
 func (*EndpointList) ProtoMessage() {}
 
 func (*EndpointSpec) ProtoMessage() {}

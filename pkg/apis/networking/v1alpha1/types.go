@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"mizar.dev/pkg/apis/networking"
 )
 
 // Phase is where an object is in its lifecycle. Init and Provisioned are the two
@@ -120,6 +122,35 @@ type SubnetSpec struct {
 // SubnetStatus is the observed state of a subnet.
 type SubnetStatus struct {
 	ProvisioningStatus `json:",inline" protobuf:"bytes,1,opt,name=provisioningStatus"`
+	// departures are the subnet's most recent endpoint departures, oldest
+	// first, at most MaxSubnetDepartures: an endpoint deleted, or moved to
+	// another droplet. Every node agent follows subnets, so a host that only
+	// learned where an endpoint lives (from a relay, without an entry of its
+	// own in the API) forgets it, for delivery and for trust, within one
+	// watch event of this list. Written by the Endpoint operator once the
+	// endpoint's former host and relays have let it go.
+	// +listType=map
+	// +listMapKey=sequence
+	// +optional
+	Departures []EndpointDeparture `json:"departures,omitempty" protobuf:"bytes,2,rep,name=departures"`
+}
+
+// MaxSubnetDepartures bounds status.departures of a subnet. An agent that
+// finds a gap in the sequence numbers (it missed more than this many
+// departures) forgets every learned path into the subnet.
+const MaxSubnetDepartures = networking.MaxSubnetDepartures
+
+// EndpointDeparture records that an endpoint left a host.
+type EndpointDeparture struct {
+	// sequence numbers the subnet's departures: 1, 2, ... without gaps, so a
+	// reader can tell whether it missed some.
+	Sequence int64 `json:"sequence" protobuf:"varint,1,opt,name=sequence"`
+	// endpoint is the endpoint's namespace/name.
+	Endpoint string `json:"endpoint" protobuf:"bytes,2,opt,name=endpoint"`
+	// ip is the endpoint's address.
+	IP string `json:"ip" protobuf:"bytes,3,opt,name=ip"`
+	// droplet is the droplet the endpoint left.
+	Droplet string `json:"droplet" protobuf:"bytes,4,opt,name=droplet"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

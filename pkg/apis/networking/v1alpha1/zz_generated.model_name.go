@@ -87,6 +87,11 @@ func (in Endpoint) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in EndpointDeparture) OpenAPIModelName() string {
+	return "dev.mizar.networking.v1alpha1.EndpointDeparture"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in EndpointList) OpenAPIModelName() string {
 	return "dev.mizar.networking.v1alpha1.EndpointList"
 }

@@ -274,6 +274,34 @@ func ValidateSubnetWatermarks(marks []networking.SubnetWatermark) field.ErrorLis
 	return errs
 }
 
+// ValidateSubnetDepartures checks a subnet's departures: at most
+// MaxSubnetDepartures, numbered upwards without gaps (agents read a gap as
+// departures they missed), each a namespaced endpoint, an IPv4 address and a
+// droplet.
+func ValidateSubnetDepartures(deps []networking.EndpointDeparture) field.ErrorList {
+	var errs field.ErrorList
+	path := statusPath.Child("departures")
+	if len(deps) > networking.MaxSubnetDepartures {
+		errs = append(errs, field.TooMany(path, len(deps), networking.MaxSubnetDepartures))
+	}
+	for i, d := range deps {
+		p := path.Index(i)
+		if d.Sequence <= 0 {
+			errs = append(errs, field.Invalid(p.Child("sequence"), d.Sequence, "must be positive"))
+		} else if i > 0 && d.Sequence != deps[i-1].Sequence+1 {
+			errs = append(errs, field.Invalid(p.Child("sequence"), d.Sequence, fmt.Sprintf("must follow %d", deps[i-1].Sequence)))
+		}
+		if ns, name, ok := strings.Cut(d.Endpoint, "/"); !ok || ns == "" || name == "" {
+			errs = append(errs, field.Invalid(p.Child("endpoint"), d.Endpoint, "must be namespace/name"))
+		}
+		if a, err := netip.ParseAddr(d.IP); err != nil || !a.Is4() {
+			errs = append(errs, field.Invalid(p.Child("ip"), d.IP, "must be an IPv4 address"))
+		}
+		errs = append(errs, validateReference(d.Droplet, true, p.Child("droplet"))...)
+	}
+	return errs
+}
+
 func validateMeta(meta *metav1.ObjectMeta, namespaced bool) field.ErrorList {
 	return apimachineryvalidation.ValidateObjectMeta(meta, namespaced, apimachineryvalidation.NameIsDNSSubdomain, metaPath)
 }

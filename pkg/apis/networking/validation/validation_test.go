@@ -374,3 +374,31 @@ func TestValidateWatermarks(t *testing.T) {
 		t.Errorf("divider watermarks: got %v, want a duplicate subnet at [1] and a bad resourceVersion at [2]", errs)
 	}
 }
+
+func TestValidateSubnetDepartures(t *testing.T) {
+	ok := func(seq int64) networking.EndpointDeparture {
+		return networking.EndpointDeparture{Sequence: seq, Endpoint: "default/ep", IP: "10.1.1.5", Droplet: "node-1"}
+	}
+	if errs := ValidateSubnetDepartures([]networking.EndpointDeparture{ok(7), ok(8)}); len(errs) != 0 {
+		t.Errorf("two numbered departures: %v", errs)
+	}
+	bad := ok(9)
+	bad.Endpoint, bad.IP, bad.Droplet = "ep", "fd00::5", ""
+	errs := ValidateSubnetDepartures([]networking.EndpointDeparture{ok(0), ok(1), ok(4), bad})
+	want := []string{"status.departures[0].sequence", "status.departures[2].sequence", "status.departures[3].sequence",
+		"status.departures[3].endpoint", "status.departures[3].ip", "status.departures[3].droplet"}
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Field)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("got errors at %v, want %v (%v)", got, want, errs)
+	}
+	many := make([]networking.EndpointDeparture, networking.MaxSubnetDepartures+1)
+	for i := range many {
+		many[i] = ok(int64(i + 1))
+	}
+	if errs := ValidateSubnetDepartures(many); len(errs) != 1 || errs[0].Type != field.ErrorTypeTooMany {
+		t.Errorf("%d departures: got %v, want one TooMany", len(many), errs)
+	}
+}

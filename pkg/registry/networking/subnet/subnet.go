@@ -3,6 +3,7 @@ package subnet
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 
@@ -39,5 +40,9 @@ var kind = lifecycle.Apply(registry.Kind[*networking.Subnet, networking.SubnetSp
 func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store *claim.Store, vpcs *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
 	k := *kind
 	k.Claims = claims(store, vpcs)
+	validate := k.ValidateStatus
+	k.ValidateStatus = func(o *networking.Subnet) field.ErrorList {
+		return append(validate(o), validation.ValidateSubnetDepartures(o.Status.Departures)...)
+	}
 	return registry.NewREST(&k, scheme, optsGetter)
 }

@@ -29,6 +29,14 @@ import (
 // SubnetStatus is the observed state of a subnet.
 type SubnetStatusApplyConfiguration struct {
 	ProvisioningStatusApplyConfiguration `json:",inline"`
+	// departures are the subnet's most recent endpoint departures, oldest
+	// first, at most MaxSubnetDepartures: an endpoint deleted, or moved to
+	// another droplet. Every node agent follows subnets, so a host that only
+	// learned where an endpoint lives (from a relay, without an entry of its
+	// own in the API) forgets it, for delivery and for trust, within one
+	// watch event of this list. Written by the Endpoint operator once the
+	// endpoint's former host and relays have let it go.
+	Departures []EndpointDepartureApplyConfiguration `json:"departures,omitempty"`
 }
 
 // SubnetStatusApplyConfiguration constructs a declarative configuration of the SubnetStatus type for use with
@@ -62,6 +70,19 @@ func (b *SubnetStatusApplyConfiguration) WithConditions(values ...*v1.ConditionA
 			panic("nil value passed to WithConditions")
 		}
 		b.ProvisioningStatusApplyConfiguration.Conditions = append(b.ProvisioningStatusApplyConfiguration.Conditions, *values[i])
+	}
+	return b
+}
+
+// WithDepartures adds the given value to the Departures field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Departures field.
+func (b *SubnetStatusApplyConfiguration) WithDepartures(values ...*EndpointDepartureApplyConfiguration) *SubnetStatusApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithDepartures")
+		}
+		b.Departures = append(b.Departures, *values[i])
 	}
 	return b
 }
