@@ -55,7 +55,7 @@ const (
 
 // Concurrency shares: of the server's total (--max-requests-inflight plus
 // --max-mutating-requests-inflight, 600 by default) node writes get 19%
-// (114 seats), node reads 5% (29: list and watch-initialization of a node's
+// (115 seats), node reads 5% (29: list and watch-initialization of a node's
 // slice are small; a node listing whole collections is what must not take
 // the server's memory), others 71%, and catch-all (mandatory, 5 shares) the
 // rest. Exempt (system:masters: admins and the loopback client the operators
@@ -282,7 +282,7 @@ type fcConfigServer struct {
 	fss []flowcontrolv1.FlowSchema
 }
 
-const fcPrefix = "/apis/" + "flowcontrol.apiserver.k8s.io" + "/v1/"
+const fcPrefix = "/apis/flowcontrol.apiserver.k8s.io/v1/"
 
 func (s *fcConfigServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	resource, name, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, fcPrefix), "/")

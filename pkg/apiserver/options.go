@@ -233,9 +233,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"How long a request waits for etcd to elect a leader before it is answered 503 with Retry-After. "+
 			"Rides through an election; a cluster without quorum is reported instead of holding requests until they time out.")
 	fs.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight,
-		"The most non-mutating requests served at once where priority and fairness is off; more are answered 429.")
+		"The most non-mutating requests served at once where priority and fairness is off; more are answered 429. "+
+			"With it on, this plus --max-mutating-requests-inflight is the seats mizar's priority levels share.")
 	fs.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight,
-		"The most mutating requests served at once where priority and fairness is off; more are answered 429.")
+		"The most mutating requests served at once where priority and fairness is off; more are answered 429. "+
+			"With it on, see --max-requests-inflight.")
 	fs.StringSliceVar(&o.NodeAgentServiceAccounts, "node-agent-service-account", o.NodeAgentServiceAccounts,
 		"ServiceAccount (namespace/name) of mizar-nodeagent's DaemonSet. Its bound tokens name the node of the agent's pod "+
 			"(authentication.kubernetes.io/node-name), and the agent may write only that node's Droplet and the objects on it. Repeatable.")
