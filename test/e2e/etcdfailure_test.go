@@ -297,6 +297,7 @@ func TestEtcdQuorumLossAnswers503(t *testing.T) {
 	if lead < 0 {
 		t.Fatal("the etcd cluster has no leader")
 	}
+	logFrom, lossBegan := s.log.Len(), time.Now()
 	cluster.kill(lead)
 	cluster.kill((lead + 1) % 3)
 	// Within: the leader wait, etcd's election timeout to notice, slack for a busy machine.
@@ -325,4 +326,11 @@ func TestEtcdQuorumLossAnswers503(t *testing.T) {
 	if took > bound {
 		t.Errorf("consistent read without quorum took %v, want an answer within %v", took, bound)
 	}
+	// The log during the loss, for the record: k8s.io/apiserver's etcd client
+	// logs each retry of a read (its level cannot be set from outside), and
+	// its watch cache's etcd watches log each "no leader" they restart on.
+	out := s.log.From(logFrom)
+	t.Logf("server log during %v without quorum: %d lines; %d etcd client retries, %d watch restarts",
+		time.Since(lossBegan).Round(time.Second), strings.Count(out, "\n"), strings.Count(out, "retrying of unary invoker failed"),
+		strings.Count(out, "watch chan error"))
 }
