@@ -378,6 +378,8 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Before any decorator that wraps the watch cache: this one builds it.
+	cfg.RESTOptionsGetter = pacedWatchOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter}
 	// Creates with claims write them in the object's transaction, through a
 	// client of their own as each of the apiserver's stores has one.
 	writes, err := etcd.NewClient(o.Recommended.Etcd.StorageConfig.Transport)
