@@ -170,8 +170,9 @@ func fcConfig() ([]flowcontrolv1.PriorityLevelConfiguration, []flowcontrolv1.Flo
 // that starts feeding it. The controller reads its configuration through a
 // clientset and informers; those here talk to fcConfigServer in process
 // (handlerTransport), not to an API server. client-go's fake clientset would
-// do the same, but it links a fake of every API group into the binary (about
-// 20 MB): the real clientset and informers are linked already.
+// do the same, but it links a fake of every API group into the binary (it
+// grew mizar-apiserver from 118 to 140 MB); the real clientset and informers
+// are linked already (this way: 118.17 -> 118.27 MB).
 func newFlowControl(concurrency int, ids dropletrestriction.Identities) (*dropletFlows, func(stop <-chan struct{}), error) {
 	pls, fss := fcConfig()
 	srv := &fcConfigServer{pls: pls, fss: fss}
