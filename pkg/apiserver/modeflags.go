@@ -24,7 +24,7 @@ func standaloneIgnores(name string) bool {
 		}
 	}
 	switch name {
-	case "kubeconfig", "client-ca-file", "cert-dir", "alternate-dns", "enable-priority-and-fairness",
+	case "kubeconfig", "client-ca-file", "cert-dir", "alternate-dns",
 		"tls-cert-file", "tls-private-key-file", "tls-sni-cert-key":
 		return true
 	}

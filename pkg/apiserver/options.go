@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/admission/dropletrestriction"
 	"mizar.dev/pkg/certauth"
 	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/etcd"
@@ -84,6 +85,9 @@ type Options struct {
 	// RequestBodyTimeout bounds how long a client may take to send a request
 	// body, read before the request takes an in-flight slot (withBodyDeadline).
 	RequestBodyTimeout time.Duration
+	// EtcdLeaderWait is how long a request waits for etcd to have a leader
+	// before it is answered 503 (notNowStorage).
+	EtcdLeaderWait time.Duration
 	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound concurrent
 	// requests where priority and fairness is off (kube-apiserver's flags).
 	MaxRequestsInFlight         int
@@ -169,6 +173,7 @@ func NewOptions() *Options {
 		Operators:   true,
 		// Bodies are read before a request takes a slot, within this.
 		RequestBodyTimeout: DefaultRequestBodyTimeout,
+		EtcdLeaderWait:     DefaultEtcdLeaderWait,
 		// k8s.io/apiserver's defaults.
 		MaxRequestsInFlight:         400,
 		MaxMutatingRequestsInFlight: 200,
@@ -177,6 +182,10 @@ func NewOptions() *Options {
 		Shutdown: ShutdownOptions{WatchTerminationGracePeriod: 2 * time.Second},
 	}
 	o.Recommended.Etcd.StorageConfig.EncodeVersioner = StorageVersions
+	// Priority and fairness prices a list or a watch's replay by the number of
+	// objects of its resource, counted this often (the library's default is a
+	// minute, long enough for a burst of creates to make replays look cheap).
+	o.Recommended.Etcd.StorageConfig.CountMetricPollPeriod = 10 * time.Second
 	o.Recommended.SecureServing.BindPort = defaultPort
 	// Persist a self-signed certificate under the data dir, not the working directory.
 	o.Recommended.SecureServing.ServerCert.CertDirectory = ""
@@ -220,10 +229,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RequestBodyTimeout, "request-body-timeout", o.RequestBodyTimeout,
 		"How long a client may take to send a request body; it is read before the request takes an in-flight slot, "+
 			"so slow senders hold none. A body not received in time is answered 408. 0 reads bodies inside the slot, without a deadline.")
+	fs.DurationVar(&o.EtcdLeaderWait, "etcd-leader-wait", o.EtcdLeaderWait,
+		"How long a request waits for etcd to elect a leader before it is answered 503 with Retry-After. "+
+			"Rides through an election; a cluster without quorum is reported instead of holding requests until they time out.")
 	fs.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight,
-		"The most non-mutating requests served at once where priority and fairness is off; more are answered 429.")
+		"The most non-mutating requests served at once where priority and fairness is off; more are answered 429. "+
+			"With it on, this plus --max-mutating-requests-inflight is the seats mizar's priority levels share.")
 	fs.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight,
-		"The most mutating requests served at once where priority and fairness is off; more are answered 429.")
+		"The most mutating requests served at once where priority and fairness is off; more are answered 429. "+
+			"With it on, see --max-requests-inflight.")
 	fs.StringSliceVar(&o.NodeAgentServiceAccounts, "node-agent-service-account", o.NodeAgentServiceAccounts,
 		"ServiceAccount (namespace/name) of mizar-nodeagent's DaemonSet. Its bound tokens name the node of the agent's pod "+
 			"(authentication.kubernetes.io/node-name), and the agent may write only that node's Droplet and the objects on it. Repeatable.")
@@ -254,6 +268,9 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	if o.OperatorsClientQPS <= 0 || o.OperatorsClientBurst < 1 {
 		return fmt.Errorf("--operators-client-qps and --operators-client-burst must be positive, got %v and %d", o.OperatorsClientQPS, o.OperatorsClientBurst)
+	}
+	if o.EtcdLeaderWait < 0 {
+		return fmt.Errorf("--etcd-leader-wait must not be negative, got %v", o.EtcdLeaderWait)
 	}
 	agentSAs, defaultNet, err := o.validateMizarFlags()
 	if err != nil {
@@ -329,9 +346,28 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.MaxRequestsInFlight, cfg.MaxMutatingRequestsInFlight = o.MaxRequestsInFlight, o.MaxMutatingRequestsInFlight
 	cfg.EffectiveVersion = compatibility.DefaultBuildEffectiveVersion()
 	cfg.FeatureGate = utilfeature.DefaultFeatureGate
+	// Priority and fairness runs on mizar's own configuration (newFlowControl),
+	// never the library's, which would read the host cluster's FlowSchemas.
+	features := o.Recommended.Features
+	priorityAndFairness := features != nil && features.EnablePriorityAndFairness
+	if features != nil {
+		features.EnablePriorityAndFairness = false
+	}
 	clientCA, err := o.applyTo(cfg)
+	if features != nil {
+		features.EnablePriorityAndFairness = priorityAndFairness
+	}
 	if err != nil {
 		return fmt.Errorf("applying options: %w", err)
+	}
+	var flows *dropletFlows
+	var startFlows func(<-chan struct{})
+	if priorityAndFairness {
+		if flows, startFlows, err = newFlowControl(cfg.MaxRequestsInFlight+cfg.MaxMutatingRequestsInFlight,
+			dropletrestriction.Identities{AgentServiceAccounts: agentSAs}); err != nil {
+			return err
+		}
+		cfg.FlowControl = flows
 	}
 	if a := cfg.Authentication.Authenticator; a != nil {
 		// Verified client-certificate chains are remembered per CA bundle, so a
@@ -342,6 +378,8 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Before any decorator that wraps the watch cache: this one builds it.
+	cfg.RESTOptionsGetter = pacedWatchOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter}
 	// Creates with claims write them in the object's transaction, through a
 	// client of their own as each of the apiserver's stores has one.
 	writes, err := etcd.NewClient(o.Recommended.Etcd.StorageConfig.Transport)
@@ -355,14 +393,20 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.WrapStorage != nil {
 		cfg.RESTOptionsGetter = wrappingOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, wrap: o.WrapStorage}
 	}
+	cfg.RESTOptionsGetter = notNowOptionsGetter{RESTOptionsGetter: cfg.RESTOptionsGetter, leaderWait: o.EtcdLeaderWait}
 	o.Shutdown.ApplyTo(&cfg.Config)
 	if standalone != nil {
 		if cfg.Authorization.Authorizer, err = standaloneAuthorizer(); err != nil {
 			return err
 		}
 	}
+	// Node agents read endpoints only in their slice, whatever else authorizes them.
+	slices := &sliceAuthorizer{ids: dropletrestriction.Identities{AgentServiceAccounts: agentSAs}}
+	if cfg.Authorization.Authorizer != nil {
+		cfg.Authorization.Authorizer = union.New(slices, cfg.Authorization.Authorizer)
+	}
 	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NodeAgentServiceAccounts: agentSAs,
-		NoGarbageCollector: o.Standalone}
+		NoGarbageCollector: o.Standalone, endpointSlices: slices}
 	if o.Operators {
 		serverCfg.Operators = client
 		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst
@@ -373,6 +417,11 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	// The operators use the etcd client closed by the cleanups: wait for them first.
 	defer server.WaitOperators()
+	if flows != nil {
+		if err := addPriorityAndFairnessHooks(server.GenericAPIServer, flows, startFlows); err != nil {
+			return err
+		}
+	}
 	if gate != nil {
 		server.GenericAPIServer.AddPostStartHookOrDie("mizar-authentication-loaded", func(hc genericapiserver.PostStartHookContext) error {
 			go func() {
@@ -457,15 +506,15 @@ func (o *Options) configureStandalone() (*standalonePKI, error) {
 	}
 
 	// Clients present certificates from mizar's CA (standaloneAuthorizer decides
-	// what they may do). No TokenReview, SubjectAccessReview, kube informers,
-	// admission chain or priority-and-fairness: there is no kube-apiserver to ask.
+	// what they may do). No TokenReview, SubjectAccessReview, kube informers or
+	// admission chain: there is no kube-apiserver to ask. Priority and fairness
+	// stays: its configuration is mizar's own (newFlowControl).
 	r.Authentication.RemoteKubeConfigFileOptional = true
 	r.Authentication.SkipInClusterLookup = true
 	r.Authentication.ClientCert.ClientCA = p.file("ca.crt")
 	r.Authorization = nil
 	r.CoreAPI = nil
 	r.Admission = nil
-	r.Features.EnablePriorityAndFairness = false
 	return p, nil
 }
 

@@ -43,6 +43,10 @@ type Config struct {
 	NodeAgentServiceAccounts []string
 	// NoGarbageCollector: no garbage collector serves this server (standalone).
 	NoGarbageCollector bool
+
+	// endpointSlices, when set, is the authorizer that reads the networking
+	// storage this builds.
+	endpointSlices *sliceAuthorizer
 }
 
 // DefaultClaimRepairPeriod is how often orphaned claims are looked for, as kube-apiserver
@@ -97,6 +101,11 @@ func (c *Config) New() (*Server, error) {
 		NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("networking.mizar.dev storage: %w", err)
+	}
+	if c.endpointSlices != nil {
+		if err := c.endpointSlices.useStorage(networking.VersionedResourcesStorageMap["v1alpha1"]); err != nil {
+			return nil, err
+		}
 	}
 	generic.AddPostStartHookOrDie("mizar-repair-claims", func(ctx genericapiserver.PostStartHookContext) error {
 		period := c.ClaimRepairPeriod

@@ -16,9 +16,10 @@ const shutdownEvent = `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v
 
 // buildHandlerChain is the generic chain with mizar's filters innermost:
 // withShutdownNotice where the watch handler has just returned and the response
-// is still open, withJSONPatch where the body is about to be read.
+// is still open, withPatchDepthLimit and withJSONPatch where the body is
+// about to be read.
 func buildHandlerChain(h http.Handler, c *genericapiserver.Config) http.Handler {
-	return genericapiserver.DefaultBuildHandlerChain(withShutdownNotice(withJSONPatch(h)), c)
+	return genericapiserver.DefaultBuildHandlerChain(withShutdownNotice(withPatchDepthLimit(withJSONPatch(h))), c)
 }
 
 // withShutdownNotice ends a JSON watch that the server closed because it is

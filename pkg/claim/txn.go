@@ -3,11 +3,13 @@ package claim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
 )
@@ -161,6 +163,12 @@ func (s *Store) create(ctx context.Context, kv clientv3.KV, p *Pending, key stri
 			gets = append(gets, clientv3.OpGet(u.Key, clientv3.WithKeysOnly()))
 		}
 		resp, err := kv.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+		if errors.Is(err, rpctypes.ErrNoLeader) {
+			// Refused before it was proposed (a member without a leader
+			// refuses a request that requires one): nothing was written, and
+			// the create may send its claims again once there is a leader.
+			return kubernetes.PutResponse{}, err
+		}
 		if err != nil {
 			p.outcome = Unknown
 			return kubernetes.PutResponse{}, err
