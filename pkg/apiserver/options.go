@@ -328,6 +328,7 @@ func (o *Options) Run(ctx context.Context) error {
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
 	claims.SetObjectPrefix(o.EtcdPrefix())
+	claim.ServeMetrics(claims)
 	// Other replicas' claims reach this one's allocation indexes.
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	cleanups = append(cleanups, stopFollowing)
