@@ -86,7 +86,6 @@ func New(f informers.SharedInformerFactory, events record.EventRecorder, stuckAf
 		{"Bouncer", n.Bouncers().Informer(), func(obj any) string { return obj.(*v1alpha1.Bouncer).Spec.Droplet }},
 		{"Divider", n.Dividers().Informer(), func(obj any) string { return obj.(*v1alpha1.Divider).Spec.Droplet }},
 	} {
-		k := k
 		var reg cache.ResourceEventHandlerRegistration
 		var err error
 		reg, err = k.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
