@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -124,6 +125,12 @@ func TestCNIRefusedPodGetsAnEvent(t *testing.T) {
 	e := newCNIEnv(t, func(o *CNIOptions) { o.Events, o.WorkloadPods = events, kube.CoreV1() })
 	ctx := context.Background()
 	name := "refused-" + e.sfx
+	// No controller-manager makes the namespace's ServiceAccount, which
+	// admission wants for a pod.
+	if _, err := kube.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	// The pod asks for a subnet that does not exist (its annotation wins
 	// over the conflist): the ADD is refused with code 7.
 	pod, err := kube.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name,
