@@ -30,6 +30,8 @@ build:
 	$(GO) build -v -o $(BIN)/mizar-apiserver ./cmd/apiserver 2>&1 | hack/build-progress.sh
 	$(GO) build -o $(BIN)/mizar-nodeagent ./cmd/nodeagent
 	$(GO) build -o $(BIN)/cni/mizar ./cmd/cni
+	$(GO) build -o $(BIN)/mizarctl ./cmd/mizarctl
+	ln -sf mizarctl $(BIN)/kubectl-mizar
 	$(GO) build -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
 
 # Debian packages the tests need (clang-19 for the BPF staleness check,

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -13,9 +12,13 @@ import (
 
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"mizar.dev/pkg/broker/fulfillment"
@@ -49,6 +52,8 @@ type BrokerOptions struct {
 	osbListener net.Listener
 
 	workload *rest.Config
+	// events receives the fulfillment operator's Events (nil: none).
+	events kubernetes.Interface
 	// fulfillmentDone closes once the fulfillment operator has stopped, if
 	// fulfillmentStarted says it was started (by a post-start hook).
 	fulfillmentDone    chan struct{}
@@ -178,6 +183,12 @@ func (o *BrokerOptions) startFulfillment(ctx context.Context, loopback *rest.Con
 				if err != nil {
 					return err
 				}
+				if o.events != nil {
+					b := record.NewBroadcaster(record.WithContext(ctx))
+					b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.events.CoreV1().Events("")})
+					defer b.Shutdown()
+					c.Events = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "mizar-broker-fulfillment"})
+				}
 				return c.Run(ctx, o.Workers)
 			})
 		if err != nil {
@@ -223,7 +234,7 @@ func (o *BrokerOptions) startOSB(ctx context.Context, loopback *rest.Config, han
 	}
 	l := o.osbListener
 	srv := &http.Server{
-		Handler:           b.Handler(o.osbCreds, slog.Default()),
+		Handler:           b.Handler(o.osbCreds, osb.KlogLogger()),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
 		// Platforms keep their connections (HTTP/1.1 keep-alive, or HTTP/2,

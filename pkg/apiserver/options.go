@@ -76,6 +76,13 @@ type Options struct {
 	OperatorsClientBurst int
 	// Broker configures the service broker (--broker-*).
 	Broker BrokerOptions
+	// EventsKubeconfig names the cluster whose core/v1 Events API gets
+	// mizar's Events; empty: the aggregating cluster when aggregated (the
+	// core API client, --kubeconfig or in-cluster), none when standalone.
+	EventsKubeconfig string
+	// StuckAfter is how long an object may wait in Init before its Warning
+	// Event (WaitingForAgent, AgentNotAcknowledging).
+	StuckAfter time.Duration
 
 	// Shutdown is how the server stops on SIGTERM.
 	Shutdown ShutdownOptions
@@ -226,6 +233,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	// cluster's size. The server's max-in-flight limits still protect it.
 	fs.Float32Var(&o.OperatorsClientQPS, "operators-client-qps", 1000, "Requests per second each operator may send to this server.")
 	fs.IntVar(&o.OperatorsClientBurst, "operators-client-burst", 2000, "Burst of --operators-client-qps.")
+	fs.StringVar(&o.EventsKubeconfig, "events-kubeconfig", "", "Kubeconfig of the cluster whose core/v1 Events API receives mizar's Kubernetes Events "+
+		"(objects stuck in Init, agents not acknowledging, saga steps retrying or failing), shown by kubectl describe there. "+
+		"Empty: the aggregating cluster (the --kubeconfig client, else in-cluster) when aggregated; no Events with --standalone.")
+	fs.DurationVar(&o.StuckAfter, "stuck-after", 30*time.Second, "How long an Endpoint, Droplet, Bouncer or Divider may wait in Init for its agents before it gets a Warning Event "+
+		"(WaitingForAgent, AgentNotAcknowledging) and a log line; repeated at doubling intervals while it waits.")
 	fs.DurationVar(&o.RequestBodyTimeout, "request-body-timeout", o.RequestBodyTimeout,
 		"How long a client may take to send a request body; it is read before the request takes an in-flight slot, "+
 			"so slow senders hold none. A body not received in time is answered 408. 0 reads bodies inside the slot, without a deadline.")
@@ -271,6 +283,9 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	if o.EtcdLeaderWait < 0 {
 		return fmt.Errorf("--etcd-leader-wait must not be negative, got %v", o.EtcdLeaderWait)
+	}
+	if o.StuckAfter <= 0 {
+		return fmt.Errorf("--stuck-after must be positive, got %v", o.StuckAfter)
 	}
 	agentSAs, defaultNet, err := o.validateMizarFlags()
 	if err != nil {
@@ -330,6 +345,7 @@ func (o *Options) Run(ctx context.Context) error {
 	// Claims live beside the objects, under the same --etcd-prefix.
 	claims := claim.NewStore(client, o.etcdSubPrefix("claims"))
 	claims.SetObjectPrefix(o.EtcdPrefix())
+	claim.ServeMetrics(claims)
 	// Other replicas' claims reach this one's allocation indexes.
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	cleanups = append(cleanups, stopFollowing)
@@ -405,8 +421,13 @@ func (o *Options) Run(ctx context.Context) error {
 	if cfg.Authorization.Authorizer != nil {
 		cfg.Authorization.Authorizer = union.New(slices, cfg.Authorization.Authorizer)
 	}
+	events, err := o.eventsClient(cfg)
+	if err != nil {
+		return err
+	}
+	o.Broker.events = events
 	serverCfg := &Config{Generic: cfg, Claims: claims, ClaimRepairPeriod: o.ClaimRepairPeriod, NodeAgentServiceAccounts: agentSAs,
-		NoGarbageCollector: o.Standalone, endpointSlices: slices}
+		NoGarbageCollector: o.Standalone, endpointSlices: slices, Events: events, StuckAfter: o.StuckAfter}
 	if o.Operators {
 		serverCfg.Operators = client
 		serverCfg.OperatorsClientQPS, serverCfg.OperatorsClientBurst = o.OperatorsClientQPS, o.OperatorsClientBurst
@@ -615,6 +636,29 @@ func (o *Options) clientCAProvider() dynamiccertificates.CAContentProvider {
 		return nil
 	}
 	return p
+}
+
+// eventsClient is the client mizar's Events are posted with (nil: none).
+func (o *Options) eventsClient(cfg *genericapiserver.RecommendedConfig) (kubernetes.Interface, error) {
+	rc := cfg.ClientConfig
+	if o.EventsKubeconfig != "" {
+		var err error
+		if rc, err = clientcmd.BuildConfigFromFlags("", o.EventsKubeconfig); err != nil {
+			return nil, fmt.Errorf("--events-kubeconfig %s: %w", o.EventsKubeconfig, err)
+		}
+	} else if o.Standalone {
+		return nil, nil
+	}
+	if rc == nil {
+		return nil, nil
+	}
+	rc = rest.CopyConfig(rc)
+	rc.UserAgent = "mizar-apiserver/events"
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("the Events client: %w", err)
+	}
+	return c, nil
 }
 
 // authenticationClient is the client delegated authentication reads

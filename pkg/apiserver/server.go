@@ -12,6 +12,7 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/kubernetes"
 
 	"mizar.dev/pkg/admission/dropletrestriction"
 	"mizar.dev/pkg/claim"
@@ -43,6 +44,10 @@ type Config struct {
 	NodeAgentServiceAccounts []string
 	// NoGarbageCollector: no garbage collector serves this server (standalone).
 	NoGarbageCollector bool
+	// Events, when set, receives the operators' Kubernetes Events.
+	Events kubernetes.Interface
+	// StuckAfter is how long an object may wait in Init before its Event.
+	StuckAfter time.Duration
 
 	// endpointSlices, when set, is the authorizer that reads the networking
 	// storage this builds.
@@ -131,7 +136,7 @@ func (c *Config) New() (*Server, error) {
 				// In process: every watch event and status write of the
 				// operators skips TLS and HTTP/2 framing on both ends.
 				_ = operators.Run(hook, operators.Options{Config: inProcessConfig(hook.LoopbackClientConfig, generic.Handler), Etcd: etcd,
-					ClientQPS: c.OperatorsClientQPS, ClientBurst: c.OperatorsClientBurst})
+					ClientQPS: c.OperatorsClientQPS, ClientBurst: c.OperatorsClientBurst, Events: c.Events, StuckAfter: c.StuckAfter})
 			}()
 			return nil
 		})

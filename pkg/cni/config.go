@@ -68,6 +68,9 @@ type PodArgs struct {
 	types.CommonArgs
 	K8S_POD_NAMESPACE types.UnmarshallableString //nolint:revive // the names are CNI_ARGS keys
 	K8S_POD_NAME      types.UnmarshallableString //nolint:revive
+	// K8S_POD_UID (set by containerd and CRI-O) names the pod an Event about
+	// a refused ADD is attached to.
+	K8S_POD_UID types.UnmarshallableString //nolint:revive
 }
 
 // ParseArgs decodes CNI_ARGS; unknown keys are ignored, as the spec asks.

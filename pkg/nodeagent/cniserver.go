@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
@@ -99,6 +100,11 @@ type CNIOptions struct {
 	StateDir string
 	// ProvisionTimeout bounds ADD's wait for Provisioned (default 30s).
 	ProvisionTimeout time.Duration
+	// Metrics, when set, counts and times every request.
+	Metrics *CNIMetrics
+	// Events, when set, posts a NetworkRefused Event on a workload pod
+	// whose ADD failed (the workload cluster's recorder).
+	Events record.EventRecorder
 }
 
 // CNIServer answers mizar-cni (see pkg/cni) for one droplet. ADDs of
@@ -279,8 +285,8 @@ func (s *CNIServer) writeState(id string, a *attachment) error {
 	return nil
 }
 
-// Handle implements cni.Handler.
-func (s *CNIServer) Handle(ctx context.Context, r *cni.Request) (json.RawMessage, *types.Error) {
+// handle runs one request; Handle (cniobserve.go) logs and counts it.
+func (s *CNIServer) handle(ctx context.Context, r *cni.Request) (json.RawMessage, *types.Error) {
 	switch r.Command {
 	case cni.CmdAdd:
 		return s.add(ctx, r)
@@ -838,7 +844,7 @@ func (s *CNIServer) gc(ctx context.Context, r *cni.Request) *types.Error {
 // down.
 func (s *CNIServer) DrainDeleteQueue(ctx context.Context, dir string) error {
 	return cni.Drain(dir, func(r *cni.Request) error {
-		if cerr := s.del(ctx, r); cerr != nil {
+		if _, cerr := s.Handle(ctx, r); cerr != nil {
 			return cerr
 		}
 		return nil

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"fmt"
 	"net/netip"
+	"sync"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -17,6 +18,31 @@ import (
 type DatapathPods struct {
 	DP        *dataplane.Datapath
 	HostNetns string
+
+	// attached are the host-side veths with the pod program, kept so a
+	// scrape counts them without walking the pod_ifaces map.
+	mu       sync.Mutex
+	attached map[string]bool
+}
+
+func (p *DatapathPods) track(hostIf string, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.attached == nil {
+		p.attached = map[string]bool{}
+	}
+	if on {
+		p.attached[hostIf] = true
+	} else {
+		delete(p.attached, hostIf)
+	}
+}
+
+// Attached is how many pods have the pod program attached.
+func (p *DatapathPods) Attached() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.attached)
 }
 
 func (p *DatapathPods) inHost(f func() error) error {
@@ -39,6 +65,7 @@ func (p *DatapathPods) AdoptPod(host *netlink.Handle, hostIf string) error {
 	if err := p.DP.AttachPodAt(host, hostIf); err != nil {
 		return fmt.Errorf("attach the pod program to %s: %w", hostIf, err)
 	}
+	p.track(hostIf, true)
 	return nil
 }
 
@@ -47,6 +74,7 @@ func (p *DatapathPods) DetachPod(host *netlink.Handle, hostIf string, ifindex in
 	if err := p.DP.DetachPodAt(host, hostIf); err != nil {
 		return fmt.Errorf("detach the pod program from %s: %w", hostIf, err)
 	}
+	p.track(hostIf, false)
 	if err := p.DP.DeletePodInterface(ifindex); err != nil {
 		return err
 	}

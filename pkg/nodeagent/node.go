@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,12 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -251,8 +246,12 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	reg := newRegistry()
+	events, stopEvents := workloadEvents(workload, o.NodeName)
+	defer stopEvents()
 	srv, err := NewCNIServer(CNIOptions{Client: client, Droplet: o.Droplet, Pods: rdp.Pods(), HostNetns: o.HostNetns,
-		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), Informers: rdp.Informers(), WorkloadPods: workloadPods, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout})
+		UnderlayMTU: u.MTU, HostIP: u.HostIP.Addr(), Informers: rdp.Informers(), WorkloadPods: workloadPods, StateDir: o.StateDir, ProvisionTimeout: o.ProvisionTimeout,
+		Metrics: NewCNIMetrics(reg), Events: events})
 	if err != nil {
 		return err
 	}
@@ -267,8 +266,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m := newMetrics(dp, rdp.Pods(), agent)
-	go func() { errc <- cni.Serve(ctx, ln, m.timed(srv)) }()
+	m := newMetrics(reg, metricSources{dp: dp, occupancy: rdp.Occupancy, events: agent.EndpointEvents,
+		underlay: func() (dataplane.LinkDrops, error) { return rdp.Pods().underlayDrops(u.Index) }})
+	go func() { errc <- cni.Serve(ctx, ln, srv) }()
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
 	}
@@ -417,110 +417,4 @@ func (o *NodeOptions) installConflist(context.Context) error {
 func (o *NodeOptions) Uninstall() Uninstall {
 	return Uninstall{ConfDir: o.CNIConfDir, Conflist: o.CNIConflistName, BinDir: o.CNIBinDir, Plugins: []string{PluginName},
 		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}, HostPath: true, HostNetns: o.HostNetns}
-}
-
-// metrics exports the datapath's state to Prometheus.
-type metrics struct {
-	reg     *prometheus.Registry
-	dp      *dataplane.Datapath
-	pods    *DatapathPods
-	agent   *Agent
-	adds    prometheus.Histogram
-	failed  *prometheus.CounterVec
-	healthy atomic.Bool
-}
-
-var (
-	descUnderlay = prometheus.NewDesc("mizar_dataplane_underlay_packets_total", "Underlay program verdicts by reason.", []string{"reason"}, nil)
-	descPod      = prometheus.NewDesc("mizar_dataplane_pod_packets_total", "Pod-side program verdicts by reason.", []string{"reason"}, nil)
-	descEntries  = prometheus.NewDesc("mizar_dataplane_map_entries", "Entries in the datapath's maps.", []string{"map"}, nil)
-	descKernel   = prometheus.NewDesc("mizar_link_kernel_drops_total", "Kernel drop and error counters of the underlay and pod veths.", []string{"ifname", "counter"}, nil)
-	descEvents   = prometheus.NewDesc("mizar_nodeagent_endpoint_events_total", "Endpoint watch events the agent received.", nil, nil)
-)
-
-func newMetrics(dp *dataplane.Datapath, pods *DatapathPods, agent *Agent) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), dp: dp, pods: pods, agent: agent,
-		adds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "mizar_cni_add_seconds", Help: "CNI ADD latency in the agent.",
-			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
-		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mizar_cni_errors_total", Help: "CNI requests that failed, by command and code."}, []string{"command", "code"}),
-	}
-	m.reg.MustRegister(m, m.adds, m.failed)
-	return m
-}
-
-func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUnderlay, descPod, descEntries, descKernel, descEvents} {
-		ch <- d
-	}
-}
-
-func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	if c, err := m.dp.Counters(); err == nil {
-		for k, v := range c.Underlay {
-			ch <- prometheus.MustNewConstMetric(descUnderlay, prometheus.CounterValue, float64(v), k)
-		}
-		for k, v := range c.Pod {
-			ch <- prometheus.MustNewConstMetric(descPod, prometheus.CounterValue, float64(v), k)
-		}
-	}
-	count := func(name string, n int, err error) {
-		if err == nil {
-			ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(n), name)
-		}
-	}
-	eps, err := m.dp.Endpoints()
-	count("endpoints", len(eps), err)
-	subs, err := m.dp.Subnets()
-	count("subnets", len(subs), err)
-	vpcs, err := m.dp.VPCs()
-	count("vpcs", len(vpcs), err)
-	pods, err := m.dp.PodInterfaces()
-	count("pod_ifaces", len(pods), err)
-	drops, err := m.dp.Droplets()
-	count("droplets", len(drops), err)
-	learned, err := m.dp.Learned()
-	count("learned", len(learned), err)
-	_ = m.pods.inHost(func() error {
-		lds, err := m.dp.KernelDrops()
-		for _, l := range lds {
-			for k, v := range map[string]uint64{"rx_dropped": l.RxDropped, "tx_dropped": l.TxDropped, "rx_errors": l.RxErrors, "tx_errors": l.TxErrors} {
-				ch <- prometheus.MustNewConstMetric(descKernel, prometheus.CounterValue, float64(v), l.Ifname, k)
-			}
-		}
-		return err
-	})
-	ch <- prometheus.MustNewConstMetric(descEvents, prometheus.CounterValue, float64(m.agent.EndpointEvents()))
-}
-
-// timed wraps the CNI handler to record latency and failures.
-func (m *metrics) timed(h cni.Handler) cni.Handler { return timedHandler{m, h} }
-
-type timedHandler struct {
-	m *metrics
-	h cni.Handler
-}
-
-func (t timedHandler) Handle(ctx context.Context, r *cni.Request) (json.RawMessage, *types.Error) {
-	start := time.Now()
-	res, cerr := t.h.Handle(ctx, r)
-	if r.Command == cni.CmdAdd && cerr == nil {
-		t.m.adds.Observe(time.Since(start).Seconds())
-	}
-	if cerr != nil {
-		t.m.failed.WithLabelValues(r.Command, fmt.Sprint(cerr.Code)).Inc()
-	}
-	return res, cerr
-}
-
-func (m *metrics) mux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if _, err := m.dp.Counters(); err != nil {
-			http.Error(w, "datapath unreadable: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
 }

@@ -11,7 +11,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 
 	"mizar.dev/pkg/generated/clientset/versioned"
 	informers "mizar.dev/pkg/generated/informers/externalversions"
@@ -20,6 +25,7 @@ import (
 	"mizar.dev/pkg/operators/divider"
 	"mizar.dev/pkg/operators/droplet"
 	"mizar.dev/pkg/operators/endpoint"
+	"mizar.dev/pkg/operators/phases"
 	"mizar.dev/pkg/operators/subnet"
 	"mizar.dev/pkg/operators/vpc"
 )
@@ -47,6 +53,12 @@ type Options struct {
 	ClientBurst int
 	// OnLeading, if set, is told when this replica starts and stops leading.
 	OnLeading func(leading bool)
+	// Events, when set, is the cluster the operators post Kubernetes Events
+	// to (core/v1): objects stuck in Init, agents not acknowledging.
+	Events kubernetes.Interface
+	// StuckAfter is how long an object may wait in Init before its Event
+	// (phases.DefaultStuckAfter when 0).
+	StuckAfter time.Duration
 }
 
 // Run campaigns for leadership until ctx ends and runs the operators while leading.
@@ -83,6 +95,16 @@ func runOperators(ctx context.Context, o Options) error {
 		return err
 	}
 	factory := informers.NewSharedInformerFactory(reader, 10*time.Minute)
+	var events record.EventRecorder
+	if o.Events != nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Events.CoreV1().Events("")})
+		defer b.Shutdown()
+		events = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "mizar-operators"})
+	}
+	if _, err := phases.New(factory, events, o.StuckAfter); err != nil {
+		return err
+	}
 	type runner interface{ Run(context.Context, int) }
 	type running struct {
 		runner
@@ -101,7 +123,11 @@ func runOperators(ctx context.Context, o Options) error {
 			return droplet.New(c, f)
 		}},
 		{"mizar-endpoint-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
-			return endpoint.New(c, f)
+			op, err := endpoint.New(c, f)
+			if err == nil && events != nil {
+				op.SetEvents(events, o.StuckAfter)
+			}
+			return op, err
 		}},
 		{"mizar-divider-operator", func(c versioned.Interface, f informers.SharedInformerFactory) (runner, error) {
 			return divider.New(c, f)

@@ -258,7 +258,7 @@ func (c *podCluster) counters(tb testing.TB) map[string]float64 {
 	return all
 }
 
-// agentCounters reads mizar_dataplane_{underlay,pod}_packets_total by reason
+// agentCounters reads mizar_dataplane_packets_total by program and reason
 // from an agent's Prometheus endpoint, keyed "underlay/<reason>" and
 // "pod/<reason>".
 func agentCounters(addr string) (map[string]float64, error) {
@@ -273,13 +273,13 @@ func agentCounters(addr string) (map[string]float64, error) {
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "mizar_dataplane_")
+		rest, ok := strings.CutPrefix(sc.Text(), `mizar_dataplane_packets_total{program="`)
 		if !ok {
 			continue
 		}
-		prog, rest, ok := strings.Cut(rest, `_packets_total{reason="`)
+		prog, rest, ok := strings.Cut(rest, `",reason="`)
 		if !ok {
-			continue
+			return nil, fmt.Errorf("metrics of %s: unexpected line %q", addr, sc.Text())
 		}
 		reason, value, ok := strings.Cut(rest, `"} `)
 		if !ok {

@@ -18,6 +18,7 @@ import (
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -42,6 +43,9 @@ const subnetIndex = "spec.subnet"
 type Controller struct {
 	// Backoff for transient errors; zero uses saga.DefaultBackoff.
 	Backoff saga.Backoff
+	// Events, when set, gets the orders' StepRetrying, StepFailed and
+	// StepNotUndone Events (events.go).
+	Events record.EventRecorder
 
 	orders    brokerclient.BrokerV1alpha1Interface
 	workload  kubernetes.Interface

@@ -354,6 +354,7 @@ func (c *Controller) reconcile(ctx context.Context, namespace, name string) (tim
 		Deadline: c.deadline(in),
 		Backoff:  c.Backoff,
 		Now:      c.now,
+		Observe:  func(o saga.StepOutcome) { c.stepOutcome(ctx, in, o) },
 		Persist: func(ctx context.Context, p *saga.Progress) error {
 			applyProgress(in, p)
 			updated, err := c.orders.ServiceInstances(namespace).UpdateStatus(ctx, in, metav1.UpdateOptions{})

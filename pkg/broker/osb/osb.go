@@ -80,8 +80,12 @@ func (b *Broker) Start(ctx context.Context) error {
 	return nil
 }
 
-// Handler is the HTTP API: Basic auth, then the version check, then the routes.
+// Handler is the HTTP API: Basic auth, then the version check, then the
+// routes; every request is counted (instrument). A nil logger is KlogLogger.
 func (b *Broker) Handler(creds Credentials, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = KlogLogger()
+	}
 	// Parameters stay out of the log, whoever logs (see redactingHandler).
 	logger = slog.New(redactingHandler{logger.Handler()})
 	h := brokerapi.NewWithOptions(b, logger,
@@ -91,7 +95,7 @@ func (b *Broker) Handler(creds Credentials, logger *slog.Logger) http.Handler {
 		brokerapi.WithCustomAuth(checkBody),
 		brokerapi.WithAdditionalMiddleware(retryAfter),
 	)
-	return h
+	return instrument(h)
 }
 
 // checkVersion answers 412 to a request without a 2.13..2.17 version header.

@@ -15,7 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
+
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
 )
 
 // Step is one named, idempotent action and its compensation.
@@ -155,6 +159,53 @@ type Saga struct {
 	// Now and Random are replaceable for tests.
 	Now    func() time.Time
 	Random func() float64
+	// Observe, when set, is told of every step outcome (after it is
+	// persisted or not: it must not block), for logs and Events.
+	Observe func(StepOutcome)
+}
+
+// Outcomes of one attempt at a step, as StepOutcome.Outcome and the label of
+// mizar_saga_steps_total.
+const (
+	OutcomeDone        = "done"
+	OutcomeWaiting     = "waiting"
+	OutcomeRetrying    = "retrying"
+	OutcomeFailed      = "failed"
+	OutcomeUndone      = "undone"
+	OutcomeUndoRetry   = "undo_retrying"
+	OutcomeNotUndone   = "not_undone"
+	OutcomeDeadlineHit = "deadline"
+)
+
+// StepOutcome is one attempt at a step (forward or undo) and how it ended.
+type StepOutcome struct {
+	Step     string
+	Index    int // 0-based
+	Of       int
+	Outcome  string
+	Attempts int32
+	Err      error
+	// RetryIn is the backoff before the next attempt (retrying outcomes).
+	RetryIn time.Duration
+}
+
+var (
+	stepsTotal = metrics.NewCounterVec(&metrics.CounterOpts{
+		Name:           "mizar_saga_steps_total",
+		Help:           "Attempts at saga steps (forward and undo), by step and outcome (done, waiting, retrying, failed, deadline, undone, undo_retrying, not_undone).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"step", "outcome"})
+	registerOnce sync.Once
+)
+
+// observe counts an outcome and tells Observe.
+func (s *Saga) observe(p *Progress, i int, outcome string, err error, retryIn time.Duration) {
+	registerOnce.Do(func() { legacyregistry.MustRegister(stepsTotal) })
+	sp := p.Steps[i]
+	stepsTotal.WithLabelValues(sp.Name, outcome).Inc()
+	if s.Observe != nil {
+		s.Observe(StepOutcome{Step: sp.Name, Index: i, Of: len(p.Steps), Outcome: outcome, Attempts: sp.Attempts, Err: err, RetryIn: retryIn})
+	}
 }
 
 func (s *Saga) now() time.Time {
@@ -270,7 +321,9 @@ func (s *Saga) forward(ctx context.Context, p *Progress) (Result, bool, error) {
 	}
 	sp, now := &p.Steps[i], s.now()
 	if !s.Deadline.IsZero() && !now.Before(s.Deadline) {
-		s.fail(p, i, now, fmt.Errorf("deadline %s passed", s.Deadline.UTC().Format(time.RFC3339)))
+		err := fmt.Errorf("deadline %s passed", s.Deadline.UTC().Format(time.RFC3339))
+		s.fail(p, i, now, err)
+		s.observe(p, i, OutcomeDeadlineHit, err, 0)
 		return Result{}, true, s.persist(ctx, p)
 	}
 	if sp.State != InProgress {
@@ -285,6 +338,7 @@ func (s *Saga) forward(ctx context.Context, p *Progress) (Result, bool, error) {
 	switch {
 	case err == nil:
 		sp.State, sp.FinishedAt, sp.Message = Done, now, ""
+		s.observe(p, i, OutcomeDone, nil, 0)
 		return Result{}, true, s.persist(ctx, p)
 	case errors.As(err, &w):
 		// Woken by the caller's watch; the deadline is the only timer.
@@ -293,10 +347,12 @@ func (s *Saga) forward(ctx context.Context, p *Progress) (Result, bool, error) {
 			return r, false, nil
 		}
 		sp.Message = w.Message
+		s.observe(p, i, OutcomeWaiting, err, 0)
 		return r, false, s.persist(ctx, p)
 	case IsPermanent(err):
 		sp.Attempts++
 		s.fail(p, i, now, err)
+		s.observe(p, i, OutcomeFailed, err, 0)
 		return Result{}, true, s.persist(ctx, p)
 	default:
 		sp.Attempts++
@@ -305,6 +361,7 @@ func (s *Saga) forward(ctx context.Context, p *Progress) (Result, bool, error) {
 		if d := s.untilDeadline(now); d > 0 && d < delay {
 			delay = d
 		}
+		s.observe(p, i, OutcomeRetrying, err, delay)
 		return Result{RequeueAfter: delay}, false, s.persist(ctx, p)
 	}
 }
@@ -354,6 +411,7 @@ func (s *Saga) compensate(ctx context.Context, p *Progress) (Result, bool, error
 			sp.Message = ""
 		}
 		sp.State, sp.FinishedAt = Compensated, now
+		s.observe(p, i, OutcomeUndone, nil, 0)
 		return Result{}, true, s.persist(ctx, p)
 	}
 	if IsPermanent(err) {
@@ -361,6 +419,7 @@ func (s *Saga) compensate(ctx context.Context, p *Progress) (Result, bool, error
 		// was left behind and go on undoing the rest, so the order still ends.
 		sp.State, sp.FinishedAt = Compensated, now
 		sp.Message = fmt.Sprintf("%s: %v", NotUndone, err)
+		s.observe(p, i, OutcomeNotUndone, err, 0)
 		return Result{}, true, s.persist(ctx, p)
 	}
 	// Compensation must converge: other errors are retried with backoff.
@@ -370,5 +429,7 @@ func (s *Saga) compensate(ctx context.Context, p *Progress) (Result, bool, error
 	}
 	sp.Attempts++
 	sp.Message = fmt.Sprintf("undoing, attempt %d failed, retrying: %v", sp.Attempts, err)
-	return Result{RequeueAfter: s.backoff().Delay(sp.Attempts, s.random)}, false, s.persist(ctx, p)
+	delay := s.backoff().Delay(sp.Attempts, s.random)
+	s.observe(p, i, OutcomeUndoRetry, err, delay)
+	return Result{RequeueAfter: delay}, false, s.persist(ctx, p)
 }

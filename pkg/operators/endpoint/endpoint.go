@@ -17,11 +17,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/generated/clientset/versioned"
@@ -55,6 +58,12 @@ type EndpointOperator struct {
 	waits      *waiters
 	moved      moves
 	departures *departureLog
+
+	// Events about endpoints stuck waiting (stuck.go); nil: none.
+	events     record.EventRecorder
+	stuckAfter time.Duration
+	stuckMu    sync.Mutex
+	stuck      map[string]bool // endpoints whose wait is being watched
 }
 
 // pending reports whether an endpoint may still change phase.
@@ -75,6 +84,7 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		dividers:   n.Dividers().Informer(),
 		waits:      newWaiters(),
 		departures: newDepartureLog(client),
+		stuck:      map[string]bool{},
 	}
 	o.loop = reconcile.New("endpoint-operator", o.Reconcile)
 	for _, ix := range []struct {
@@ -388,7 +398,9 @@ func (o *EndpointOperator) await(key string, ep *v1alpha1.Endpoint, w waiting) {
 	}
 	if o.waits.wait(key, ep.ResourceVersion, w.agents, ep.Spec.Subnet, w.forSubnet, o.watermark) {
 		o.loop.Queue.Add(key)
+		return
 	}
+	o.watchStuck(key)
 }
 
 // notApplied says who has not yet applied the endpoint's current version. On

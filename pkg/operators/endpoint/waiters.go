@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"container/heap"
+	"sort"
 	"strconv"
 	"sync"
 )
@@ -223,4 +224,21 @@ func (aw *agentWaits) compact(byKey map[string]*waiter) {
 	clear(aw.heap[len(kept):])
 	aw.heap = kept
 	heap.Init(&aw.heap)
+}
+
+// pending says what key still waits for: the agents that have not covered
+// its version and whether it waits for its subnet's first bouncer. ok is
+// false when it waits for nothing.
+func (w *waiters) pending(key string) (agents []string, forSubnet, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	wt := w.byKey[key]
+	if wt == nil {
+		return nil, false, false
+	}
+	for a := range wt.outstanding {
+		agents = append(agents, a)
+	}
+	sort.Strings(agents)
+	return agents, w.bySubnet[wt.subnet][key], true
 }

@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -17,8 +19,23 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+	// Queue depth, adds, latency and retries of every named workqueue,
+	// served by mizar-apiserver's /metrics (workqueue_*{name=...}).
+	_ "k8s.io/component-base/metrics/prometheus/workqueue"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+)
+
+var (
+	reconcileSeconds = metrics.NewHistogramVec(&metrics.HistogramOpts{
+		Name:           "mizar_operator_reconcile_duration_seconds",
+		Help:           "Time one reconcile of a key took, by operator and result (success, error, conflict).",
+		Buckets:        []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"operator", "result"})
+	registerOnce sync.Once
 )
 
 // Func reconciles the object named by key ("name" or "namespace/name").
@@ -33,6 +50,7 @@ type Loop struct {
 
 // New returns a loop that calls sync for every queued key.
 func New(name string, sync Func) *Loop {
+	registerOnce.Do(func() { legacyregistry.MustRegister(reconcileSeconds) })
 	return &Loop{
 		Name: name,
 		Queue: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -97,7 +115,16 @@ func (l *Loop) next(ctx context.Context) bool {
 		return false
 	}
 	defer l.Queue.Done(key)
+	start := time.Now()
 	err := l.sync(ctx, key)
+	result := "success"
+	switch {
+	case apierrors.IsConflict(err):
+		result = "conflict"
+	case err != nil:
+		result = "error"
+	}
+	reconcileSeconds.WithLabelValues(l.Name, result).Observe(time.Since(start).Seconds())
 	if apierrors.IsConflict(err) {
 		// The cache was behind: the newer version's watch event queues the key
 		// again, so waiting out a rate limit would only add latency.
