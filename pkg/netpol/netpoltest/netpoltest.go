@@ -41,7 +41,11 @@ func World() *netpol.Input {
 	// The other VPC: same addresses as namespace x's pods, other VNI.
 	for j, name := range []string{"a", "b"} {
 		in.Pods = append(in.Pods, netpol.Pod{Namespace: "x", Name: "o" + name, VNI: 2,
-			Labels: map[string]string{"pod": name}, IP: netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + j)})})
+			Labels: map[string]string{"pod": name}, IP: netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + j)}),
+			Ports: []netpol.Port{
+				{Name: "serve-80-tcp", Protocol: netpol.ProtoTCP, Port: 80},
+				{Name: "serve-81-udp", Protocol: netpol.ProtoUDP, Port: 81},
+			}})
 	}
 	return in
 }
