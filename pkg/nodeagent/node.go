@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -51,8 +52,11 @@ type NodeOptions struct {
 	HealthAddr         string
 	HostNetns          string
 	HostVPC            string
-	ProvisionTimeout   time.Duration
-	AckInterval        time.Duration
+	// NetworkPolicy enforces the workload cluster's NetworkPolicies in the
+	// dataplane (netpol.go).
+	NetworkPolicy    bool
+	ProvisionTimeout time.Duration
+	AckInterval      time.Duration
 	// CNIConflist is the conflist to install into CNIConfDir as
 	// CNIConflistName once this node's Droplet is Provisioned (empty: none).
 	CNIConflist     string
@@ -102,6 +106,9 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HostNetns, "host-netns", o.HostNetns, "netns path of the host side (default: the agent's own; set for netns-based local clusters)")
 	fs.StringVar(&o.HostVPC, "host-vpc", o.HostVPC, "VPC whose pods get Kubernetes networking through the node: Services via kube-proxy, egress "+
 		"masqueraded to the node, the node to its pods on every node (the cluster's default VPC for pods; empty: none, and an earlier run's host path is removed)")
+	fs.BoolVar(&o.NetworkPolicy, "network-policy", o.NetworkPolicy, "enforce the workload cluster's NetworkPolicies (networking.k8s.io/v1) in the BPF programs: "+
+		"the agent watches NetworkPolicies, Pods and Namespaces; pods without a "+AnnotationVPC+"/"+AnnotationSubnet+" annotation are in the VPC of --cni-conflist's "+
+		"subnet, else of --host-vpc. Off: the programs carry no policy code. Service traffic reaches pods from the node's address (SNAT), so policies see the node, not the client pod")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
 	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the host's CNI configuration directory, as the agent sees it")
@@ -219,7 +226,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		mode = dataplane.XDPGeneric
 	}
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
-		UnderlayMTU: u.MTU})
+		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy})
 	if err != nil {
 		return err
 	}
@@ -255,14 +262,32 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- agent.Run(ctx) }()
+	var policy *PolicyController
+	if o.NetworkPolicy {
+		if workload == nil {
+			return errors.New("--network-policy needs the workload cluster: run in-cluster or set --workload-kubeconfig")
+		}
+		vpc, subnet, err := defaultPlacement(o.CNIConflist, o.HostVPC)
+		if err != nil {
+			return err
+		}
+		n := rdp.Informers().Networking().V1alpha1()
+		policy = NewPolicyController(PolicyOptions{Workload: workload, VPCs: n.Vpcs().Lister(), Subnets: n.Subnets().Lister(),
+			Synced:     []cache.InformerSynced{n.Vpcs().Informer().HasSynced, n.Subnets().Informer().HasSynced},
+			DefaultVPC: vpc, DefaultSubnet: subnet, DP: dp})
+		go func() { errc <- policy.Run(ctx) }()
+	}
 
 	ln, err := cni.Listen(o.CNISocket)
 	if err != nil {
 		return err
 	}
 	m := newMetrics(dp, rdp.Pods(), agent)
+	if policy != nil {
+		m.reg.MustRegister(&policyMetrics{dp: dp, c: policy})
+	}
 	go func() { errc <- cni.Serve(ctx, ln, m.timed(srv)) }()
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")

@@ -1,0 +1,227 @@
+package nodeagent
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/dataplane"
+	listers "mizar.dev/pkg/generated/listers/networking/v1alpha1"
+	"mizar.dev/pkg/netpol"
+	"mizar.dev/pkg/netpol/netpoltest"
+)
+
+// timedApplier applies to a real dataplane and notes what and when.
+type timedApplier struct {
+	dp *dataplane.Datapath
+	mu sync.Mutex
+	c  *netpol.Compiled
+	at time.Time
+	ch chan struct{}
+}
+
+func (a *timedApplier) ApplyPolicy(c *netpol.Compiled) (dataplane.PolicyApplied, error) {
+	st, err := a.dp.ApplyPolicy(c)
+	if err == nil {
+		a.mu.Lock()
+		a.c, a.at = c, time.Now()
+		a.mu.Unlock()
+		select {
+		case a.ch <- struct{}{}:
+		default:
+		}
+	}
+	return st, err
+}
+
+// waitFor waits until the last applied rule set satisfies ok, and returns
+// when it was applied.
+func (a *timedApplier) waitFor(t *testing.T, what string, ok func(*netpol.Compiled) bool) time.Time {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		a.mu.Lock()
+		c, at := a.c, a.at
+		a.mu.Unlock()
+		if c != nil && ok(c) {
+			return at
+		}
+		select {
+		case <-a.ch:
+		case <-deadline:
+			t.Fatalf("never applied: %s", what)
+		}
+	}
+}
+
+func policyDataplane(t *testing.T) *dataplane.Datapath {
+	t.Helper()
+	requireRoot(t)
+	if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join("/sys/fs/bpf", "mizar-nptest-"+suffix(t))
+	dp, err := dataplane.Load(dataplane.Options{PinRoot: root, UnderlayIfindex: 1, HostIP: netip.MustParseAddr("198.18.0.1"),
+		HostMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, NetworkPolicy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = dp.Close()
+		if err := dataplane.Purge(root); err != nil {
+			t.Error(err)
+		}
+	})
+	return dp
+}
+
+// TestPolicyController: the agent's controller over a real kube-apiserver
+// and a real dataplane. Pods are placed as the CNI server places them
+// (annotations, else the conflist's subnet); policies, namespace labels and
+// pod labels all reach the maps; the time from an API write to the maps is
+// logged.
+func TestPolicyController(t *testing.T) {
+	dp := policyDataplane(t)
+	kc := startKube(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	vpcs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	subnets := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, v := range []*v1alpha1.Vpc{
+		{ObjectMeta: metav1.ObjectMeta{Name: "pods"}, Spec: v1alpha1.VpcSpec{CIDR: "10.0.0.0/16", VNI: 100}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "other"}, Spec: v1alpha1.VpcSpec{CIDR: "10.0.0.0/16", VNI: 200}},
+	} {
+		must(t, vpcs.Add(v))
+	}
+	must(t, subnets.Add(&v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: "pods-default"}, Spec: v1alpha1.SubnetSpec{VPC: "pods", CIDR: "10.0.0.0/16"}}))
+	must(t, subnets.Add(&v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: "other-s"}, Spec: v1alpha1.SubnetSpec{VPC: "other", CIDR: "10.0.0.0/16"}}))
+
+	// The conflist the agent would install places unannotated pods.
+	conflist := filepath.Join(t.TempDir(), "10-mizar.conflist")
+	must(t, os.WriteFile(conflist, []byte(`{"cniVersion":"1.1.0","name":"mizar","plugins":[{"type":"mizar","subnet":"pods-default"},{"type":"portmap"}]}`), 0o644))
+	vpc, subnet, err := defaultPlacement(conflist, "")
+	must(t, err)
+	app := &timedApplier{dp: dp, ch: make(chan struct{}, 1)}
+	c := NewPolicyController(PolicyOptions{Workload: kc, VPCs: listers.NewVpcLister(vpcs), Subnets: listers.NewSubnetLister(subnets),
+		DefaultVPC: vpc, DefaultSubnet: subnet, DP: app, Resync: time.Second})
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	})
+
+	// World's namespaces and pods, for real; x/oa in VPC "other" by annotation.
+	world := netpoltest.World()
+	for ns, l := range world.Namespaces {
+		_, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: l}}, metav1.CreateOptions{})
+		must(t, err)
+		// No controller-manager makes it: pods need their service account.
+		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range world.Pods {
+		po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}}}
+		for _, cp := range p.Ports {
+			proto := map[uint8]corev1.Protocol{netpol.ProtoTCP: corev1.ProtocolTCP, netpol.ProtoUDP: corev1.ProtocolUDP}[cp.Protocol]
+			po.Spec.Containers[0].Ports = append(po.Spec.Containers[0].Ports, corev1.ContainerPort{Name: cp.Name, Protocol: proto, ContainerPort: int32(cp.Port)})
+		}
+		if p.VNI == 2 {
+			po.Annotations = map[string]string{AnnotationSubnet: "other-s"}
+		}
+		created, err := kc.CoreV1().Pods(p.Namespace).Create(ctx, po, metav1.CreateOptions{})
+		must(t, err)
+		created.Status.PodIP = p.IP.String()
+		created.Status.PodIPs = []corev1.PodIP{{IP: p.IP.String()}}
+		_, err = kc.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{})
+		must(t, err)
+		world.Pods[i].VNI = map[uint32]uint32{1: 100, 2: 200}[p.VNI]
+	}
+	// As the agent must see it: Decide over world (VNIs 100/200) must
+	// agree with what was applied, for every pair and port.
+	agrees := func(ps []*networkingv1.NetworkPolicy) func(*netpol.Compiled) bool {
+		in := *world
+		in.Policies = ps
+		return func(comp *netpol.Compiled) bool {
+			if len(comp.Endpoints) != len(world.Pods) {
+				return false
+			}
+			for _, s := range in.Pods {
+				for _, d := range in.Pods {
+					for _, port := range []uint16{80, 81, 8000, 8001, 8002} {
+						for _, proto := range []uint8{netpol.ProtoTCP, netpol.ProtoUDP} {
+							p := netpol.Packet{VNI: s.VNI, Src: s.IP, Dst: d.IP, Proto: proto, DstPort: port}
+							if comp.Allowed(p) != netpol.Decide(&in, p) {
+								return false
+							}
+						}
+					}
+				}
+			}
+			return true
+		}
+	}
+	app.waitFor(t, "the pods, no policy", agrees(nil))
+
+	ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	fromY := []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}}}},
+		Ports: []networkingv1.NetworkPolicyPort{{Port: netpoltest.Named("serve-80-tcp")}}}}
+	var ps []*networkingv1.NetworkPolicy
+	var lat []time.Duration
+	write := func(np *networkingv1.NetworkPolicy) time.Time {
+		start := time.Now()
+		_, err := kc.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np, metav1.CreateOptions{})
+		must(t, err)
+		ps = append(ps, np)
+		return start
+	}
+	start := write(netpoltest.Policy("x", "from-blue", nil, ingress, fromY, nil))
+	lat = append(lat, app.waitFor(t, "x's policy", agrees(ps)).Sub(start))
+
+	// y loses its team label: x no longer takes from it.
+	start = time.Now()
+	nsY, err := kc.CoreV1().Namespaces().Get(ctx, "y", metav1.GetOptions{})
+	must(t, err)
+	delete(nsY.Labels, "team")
+	_, err = kc.CoreV1().Namespaces().Update(ctx, nsY, metav1.UpdateOptions{})
+	must(t, err)
+	world.Namespaces["y"] = nsY.Labels
+	lat = append(lat, app.waitFor(t, "y's labels", agrees(ps)).Sub(start))
+
+	// More policies, one at a time.
+	for i := range 10 {
+		np := netpoltest.Policy("z", "deny-"+string(rune('a'+i)), map[string]string{"pod": "c"}, ingress, nil, nil)
+		start := write(np)
+		lat = append(lat, app.waitFor(t, np.Name, agrees(ps)).Sub(start))
+	}
+	slices.Sort(lat)
+	t.Logf("API write to applied on the node: min %v, median %v, max %v over %d changes", lat[0], lat[len(lat)/2], lat[len(lat)-1], len(lat))
+	if st := c.Status(); st.Generation == 0 || st.LastError != "" || st.Pods != len(world.Pods) {
+		t.Errorf("status %+v", st)
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
