@@ -263,7 +263,7 @@ int mizar_underlay(struct xdp_md *ctx)
 
 	if (r.kind == RT_LOCAL) {
 		/* NetworkPolicy: the receiving pod's ingress (counted in np_stats). */
-		if (np_on() && np_deliver(vni, iip, data_end))
+		if (np_on() && np_deliver(ctx, vni, iip))
 			return XDP_DROP;
 		/* RFC 6040 normal mode: congestion marked on the underlay reaches
 		 * the pod; the inner DSCP is the sender's (pipe model). */
