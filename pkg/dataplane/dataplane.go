@@ -142,9 +142,10 @@ type Datapath struct {
 
 	npNames []string
 
-	mu       sync.Mutex // serialises link pin changes
-	policyMu sync.Mutex // serialises ApplyPolicy
-	genMu    sync.Mutex // serialises generation bumps (invalidate)
+	mu       sync.Mutex  // serialises link pin changes
+	policyMu sync.Mutex  // serialises ApplyPolicy
+	npHave   *policyMaps // the policy maps as ApplyPolicy wrote them last
+	genMu    sync.Mutex  // serialises generation bumps (invalidate)
 }
 
 // Load loads the programs with this host's identity and opens (or creates)

@@ -52,6 +52,23 @@ func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
 	d.policyMu.Lock()
 	defer d.policyMu.Unlock()
 	var st PolicyApplied
+	// What the maps hold: as written last, else (first apply of this
+	// process, or after a failed one) read from the pinned maps.
+	have := d.npHave
+	d.npHave = nil
+	if have == nil {
+		have = &policyMaps{}
+		var err error
+		if have.rules, err = readMap[mizarNpRuleKey, mizarNpPorts](d.objs.NpRules, "policy rule"); err != nil {
+			return st, err
+		}
+		if have.prefixes, err = readMap[mizarNpPrefixKey, uint32](d.objs.NpPrefixes, "policy prefix"); err != nil {
+			return st, err
+		}
+		if have.eps, err = readMap[mizarEndpointKey, mizarNpEndpoint](d.objs.NpEndpoints, "policy endpoint"); err != nil {
+			return st, err
+		}
+	}
 
 	// Rules.
 	rules := make(map[mizarNpRuleKey]mizarNpPorts, len(c.Rules))
@@ -66,7 +83,7 @@ func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
 		}
 		rules[mizarNpRuleKey{Subject: k.Subject, Peer: k.Peer, Dir: k.Dir, Proto: k.Proto}] = v
 	}
-	if err := syncMap(d.objs.NpRules, rules, "policy rule", &st, true, false); err != nil {
+	if err := syncMap(d.objs.NpRules, have.rules, rules, "policy rule", &st, true, false); err != nil {
 		return st, err
 	}
 	// Prefixes.
@@ -80,7 +97,7 @@ func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
 		}
 		prefixes[mizarNpPrefixKey{Prefixlen: 32 + uint32(k.Prefix.Bits()), Vni: k.VNI, Ip: k.Prefix.Masked().Addr().As4()}] = id
 	}
-	if err := syncMap(d.objs.NpPrefixes, prefixes, "policy prefix", &st, true, true); err != nil {
+	if err := syncMap(d.objs.NpPrefixes, have.prefixes, prefixes, "policy prefix", &st, true, true); err != nil {
 		return st, err
 	}
 	// Endpoints.
@@ -92,21 +109,27 @@ func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
 		}
 		eps[key] = mizarNpEndpoint{Identity: e.Identity, Flags: e.Flags}
 	}
-	if err := syncMap(d.objs.NpEndpoints, eps, "policy endpoint", &st, true, true); err != nil {
+	if err := syncMap(d.objs.NpEndpoints, have.eps, eps, "policy endpoint", &st, true, true); err != nil {
 		return st, err
 	}
 	// Stale rules go last (none is referenced any more).
-	if err := syncMap(d.objs.NpRules, rules, "policy rule", &st, false, true); err != nil {
+	if err := syncMap(d.objs.NpRules, have.rules, rules, "policy rule", &st, false, true); err != nil {
 		return st, err
 	}
+	d.npHave = &policyMaps{rules: rules, prefixes: prefixes, eps: eps}
 	gen, err := d.bumpPolicyGeneration()
 	st.Generation = gen
 	return st, err
 }
 
-// syncMap makes m hold want: writing new and changed entries (write) and
-// deleting the ones want lacks (del).
-func syncMap[K comparable, V comparable](m *ebpf.Map, want map[K]V, what string, st *PolicyApplied, write, del bool) error {
+// policyMaps is the contents of the policy maps as last written.
+type policyMaps struct {
+	rules    map[mizarNpRuleKey]mizarNpPorts
+	prefixes map[mizarNpPrefixKey]uint32
+	eps      map[mizarEndpointKey]mizarNpEndpoint
+}
+
+func readMap[K comparable, V any](m *ebpf.Map, what string) (map[K]V, error) {
 	have := map[K]V{}
 	var k K
 	var v V
@@ -115,8 +138,14 @@ func syncMap[K comparable, V comparable](m *ebpf.Map, want map[K]V, what string,
 		have[k] = v
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s map: %w", what, err)
+		return nil, fmt.Errorf("read %s map: %w", what, err)
 	}
+	return have, nil
+}
+
+// syncMap makes m, holding have, hold want: writing new and changed
+// entries (write) and deleting the ones want lacks (del).
+func syncMap[K comparable, V comparable](m *ebpf.Map, have, want map[K]V, what string, st *PolicyApplied, write, del bool) error {
 	for k, v := range want {
 		if !write {
 			break

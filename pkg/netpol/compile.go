@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Identities. A pod's identity names what policy can tell about it (VNI,
@@ -126,6 +128,34 @@ type compiling struct {
 	ports map[RuleKey][]PortRange
 	// ipBlock grants resolved once every prefix is known.
 	blocks []blockGrant
+	// Parsed selectors: parsing validates every key and value by regexp,
+	// the bulk of a compile if done per match.
+	sels map[*metav1.LabelSelector]labels.Selector
+}
+
+// sel returns s parsed (nil and invalid selectors select nothing).
+func (k *compiling) sel(s *metav1.LabelSelector) labels.Selector {
+	if s == nil {
+		return labels.Nothing()
+	}
+	if v, ok := k.sels[s]; ok {
+		return v
+	}
+	v, err := metav1.LabelSelectorAsSelector(s)
+	if err != nil {
+		v = labels.Nothing()
+	}
+	k.sels[s] = v
+	return v
+}
+
+// peerSelects: does a selector peer (no ipBlock) of a policy in ns take pod t?
+func (k *compiling) peerSelects(ns string, pp *networkingv1.NetworkPolicyPeer, t *Pod) bool {
+	if pp.NamespaceSelector == nil {
+		return t.Namespace == ns && k.sel(pp.PodSelector).Matches(labels.Set(t.Labels))
+	}
+	return k.sel(pp.NamespaceSelector).Matches(labels.Set(k.in.Namespaces[t.Namespace])) &&
+		(pp.PodSelector == nil || k.sel(pp.PodSelector).Matches(labels.Set(t.Labels)))
 }
 
 type blockGrant struct {
@@ -147,6 +177,7 @@ func (c *Compiler) Compile(in *Input) (*Compiled, error) {
 		reps:  map[uint32][]*Pod{},
 		idOf:  map[*Pod]uint32{},
 		ports: map[RuleKey][]PortRange{},
+		sels:  map[*metav1.LabelSelector]labels.Selector{},
 	}
 	seen := map[uint32]bool{}
 	for i := range in.Pods {
@@ -255,7 +286,7 @@ func (k *compiling) subject(vni uint32, s *Pod) uint8 {
 	var f uint8
 	sid := k.idOf[s]
 	for _, np := range k.in.Policies {
-		if np.Namespace != s.Namespace || !selects(&np.Spec.PodSelector, s.Labels) {
+		if np.Namespace != s.Namespace || !k.sel(&np.Spec.PodSelector).Matches(labels.Set(s.Labels)) {
 			continue
 		}
 		if hasType(np, false) {
@@ -391,7 +422,7 @@ func (k *compiling) rule(vni, sid uint32, dir uint8, ns string, peers []networki
 			continue
 		}
 		for _, t := range k.reps[vni] {
-			if !k.in.peersMatch(ns, []networkingv1.NetworkPolicyPeer{*pp}, t, vni, t.IP) {
+			if !k.peerSelects(ns, pp, t) {
 				continue
 			}
 			owner := s

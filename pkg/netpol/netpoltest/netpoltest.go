@@ -155,3 +155,33 @@ func Describe(ps []*networkingv1.NetworkPolicy) string {
 	}
 	return b.String()
 }
+
+// Scale is a cluster of pods in 100 namespaces of 10 apps each (1,000
+// label sets), one VPC, with n policies: each selects one app and takes in
+// from another app of its namespace and from one namespace, on a port.
+func Scale(pods, n int) *netpol.Input {
+	in := &netpol.Input{Namespaces: map[string]map[string]string{}}
+	for i := range 100 {
+		in.Namespaces[fmt.Sprintf("ns%d", i)] = map[string]string{"team": fmt.Sprintf("t%d", i%10)}
+	}
+	for i := range pods {
+		ns := i % 100
+		in.Pods = append(in.Pods, netpol.Pod{Namespace: fmt.Sprintf("ns%d", ns), Name: fmt.Sprintf("p%d", i), VNI: 1,
+			Labels: map[string]string{"app": fmt.Sprintf("a%d", (i/100)%10)},
+			IP:     netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}),
+			Ports:  []netpol.Port{{Name: "http", Protocol: netpol.ProtoTCP, Port: 8080}}})
+	}
+	ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	for i := range n {
+		ns := fmt.Sprintf("ns%d", i%100)
+		in.Policies = append(in.Policies, Policy(ns, fmt.Sprintf("np%d", i), map[string]string{"app": fmt.Sprintf("a%d", i%10)}, ingress,
+			[]networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{
+					{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", (i+1)%10)}}},
+					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": fmt.Sprintf("t%d", (i+3)%10)}}},
+				},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: Named("http")}, {Port: Num(9000 + i%20)}},
+			}}, nil))
+	}
+	return in
+}
