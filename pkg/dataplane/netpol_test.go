@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -411,4 +412,39 @@ func echoOnce(c net.Conn, timeout time.Duration) error {
 		n += m
 	}
 	return nil
+}
+
+// TestNetworkPolicyFromOwnNode: a pod that policy isolates both ways still
+// answers its own node (kubelet's probes), as Kubernetes requires: the node
+// reaches it through the kernel route, and its answers to the node's
+// addresses leave for the host stack before any policy check.
+func TestNetworkPolicyFromOwnNode(t *testing.T) {
+	tn := newTestNet(t, []string{"A"}, []podSpec{{"a", "A", vpc1, "10.1.1.10/24"}})
+	tn.netpol = true
+	A, a := tn.hosts["A"], tn.pods["a"]
+	tn.loadMizar(t, A)
+	must(t, A.dp.SetHostAddrs([]netip.Addr{A.ip}))
+	hl, err := A.ns.nl.LinkByName(a.hostIf)
+	must(t, err)
+	must(t, A.ns.nl.LinkSetHardwareAddr(hl, gatewayMAC))
+	must(t, A.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: a.hostIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: a.ip.AsSlice(), HardwareAddr: a.mac}))
+	must(t, A.ns.nl.RouteAdd(&netlink.Route{LinkIndex: a.hostIndex, Dst: prefixNet(netip.PrefixFrom(a.ip, 32)),
+		Src: A.ip.AsSlice(), Scope: netlink.SCOPE_LINK}))
+	both := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	in := &netpol.Input{Pods: []netpol.Pod{{Namespace: "x", Name: "a", VNI: vpc1, IP: a.ip}}}
+	in.Policies = []*networkingv1.NetworkPolicy{netpoltest.Policy("x", "deny", nil, both, nil, nil)}
+	comp, err := netpol.NewCompiler().Compile(in)
+	must(t, err)
+	_, err = A.dp.ApplyPolicy(comp)
+	must(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := A.ns.exec(ctx, "ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", a.ip.String()); err != nil {
+		t.Fatalf("node -> its isolated pod %v: %v: %s", a.ip, err, out)
+	}
+	// Nothing of it went through a policy decision.
+	if st, err := A.dp.PolicyCounters(); err != nil || st["drop_egress"]+st["drop_ingress"] != 0 {
+		t.Fatalf("policy refused the node's traffic: %v %v", st, err)
+	}
 }
