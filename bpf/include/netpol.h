@@ -16,8 +16,8 @@
  * either check (it reaches the pod through the kernel route), as Kubernetes
  * requires for kubelet probes.
  *
- * Connections: an allowed first packet of a flow that touches an isolated
- * local pod leaves an entry in np_conns (LRU) under its original direction;
+ * Connections: an allowed first packet of a flow leaves an entry in
+ * np_conns (LRU) under its original direction;
  * replies find it reversed and pass. Entries carry the policy generation
  * they were decided under: after a change (np_generation) the next packet
  * re-decides its connection, which is kept or cut. A per-CPU verdict cache
@@ -99,7 +99,6 @@ struct np_refused_key {
 };
 
 enum np_counter {
-	NP_ALLOW_UNTOUCHED, /* no local pod of the flow is isolated */
 	NP_ALLOW_NEW,
 	NP_ALLOW_ESTABLISHED,
 	NP_ALLOW_REPLY,
@@ -329,16 +328,8 @@ static __always_inline int np_check(__u32 vni, __u32 src, __u32 dst, __u8 proto,
 	    load_u32(c->k.dst) == dst && c->k.sport == k.sport && c->k.dport == k.dport && c->k.proto == proto)
 		return 0;
 
-	struct np_endpoint *s = egress ? np_endpoint(vni, src) : NULL;
-	struct np_endpoint *d = ingress ? np_endpoint(vni, dst) : NULL;
-
-	if (!(s && s->flags) && !(d && d->flags)) {
-		/* No pod of this host on the flow is isolated in any direction:
-		 * nothing to check now, nor replies to let in later. */
-		np_count(NP_ALLOW_UNTOUCHED);
-		goto allow;
-	}
-
+	/* Every connection is tracked, isolated pods or not: a pod that a
+	 * later policy isolates keeps the replies of what it opened before. */
 	struct np_conn *e = bpf_map_lookup_elem(&np_conns, &k);
 
 	if (e) {

@@ -124,16 +124,15 @@ type mizarNpConnKey struct {
 type mizarNpCounter uint32
 
 const (
-	mizarNpCounterNP_ALLOW_UNTOUCHED   mizarNpCounter = 0
-	mizarNpCounterNP_ALLOW_NEW         mizarNpCounter = 1
-	mizarNpCounterNP_ALLOW_ESTABLISHED mizarNpCounter = 2
-	mizarNpCounterNP_ALLOW_REPLY       mizarNpCounter = 3
-	mizarNpCounterNP_RECHECK_KEPT      mizarNpCounter = 4
-	mizarNpCounterNP_DROP_EGRESS       mizarNpCounter = 5
-	mizarNpCounterNP_DROP_INGRESS      mizarNpCounter = 6
-	mizarNpCounterNP_DROP_CUT_EGRESS   mizarNpCounter = 7
-	mizarNpCounterNP_DROP_CUT_INGRESS  mizarNpCounter = 8
-	mizarNpCounterNP_MAX               mizarNpCounter = 9
+	mizarNpCounterNP_ALLOW_NEW         mizarNpCounter = 0
+	mizarNpCounterNP_ALLOW_ESTABLISHED mizarNpCounter = 1
+	mizarNpCounterNP_ALLOW_REPLY       mizarNpCounter = 2
+	mizarNpCounterNP_RECHECK_KEPT      mizarNpCounter = 3
+	mizarNpCounterNP_DROP_EGRESS       mizarNpCounter = 4
+	mizarNpCounterNP_DROP_INGRESS      mizarNpCounter = 5
+	mizarNpCounterNP_DROP_CUT_EGRESS   mizarNpCounter = 6
+	mizarNpCounterNP_DROP_CUT_INGRESS  mizarNpCounter = 7
+	mizarNpCounterNP_MAX               mizarNpCounter = 8
 )
 
 type mizarNpEndpoint struct {

@@ -312,14 +312,24 @@ func TestNetworkPolicyTruthTable(t *testing.T) {
 func TestNetworkPolicyEstablished(t *testing.T) {
 	tn, in, pods := buildPolicyNet(t)
 	c := netpol.NewCompiler()
-	xa, yb, za := pods["xa"], pods["ya"], pods["za"] // xa on A, ya on B, za on A
-	for _, p := range []*testPod{yb, za} {
+	xa, yb, yc, za := pods["xa"], pods["ya"], pods["yc"], pods["za"] // xa on A, ya and yc on B, za on A
+	for _, p := range []*testPod{yb, yc, za} {
 		serveEcho(t, p, 7000)
+	}
+	// Opened before any policy: x/a becoming isolated later must not cut
+	// it (its replies are part of a connection x/a opened).
+	applyPolicies(t, tn, c, in, nil)
+	early := dialEcho(t, xa, yc, 7000)
+	if err := echoOnce(early, time.Second); err != nil {
+		t.Fatalf("x/a -> y/c without policy: %v", err)
 	}
 	ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 	// x takes nothing in: replies to x/a's own connections must pass.
 	denyX := netpoltest.Policy("x", "deny", nil, ingress, nil, nil)
 	applyPolicies(t, tn, c, in, []*networkingv1.NetworkPolicy{denyX})
+	if err := echoOnce(early, time.Second); err != nil {
+		t.Fatalf("x/a -> y/c, opened before x/a was isolated, was cut: %v", err)
+	}
 
 	toYA := dialEcho(t, xa, yb, 7000) // across hosts
 	toZA := dialEcho(t, xa, za, 7000) // same host
@@ -354,7 +364,7 @@ func TestNetworkPolicyEstablished(t *testing.T) {
 	}
 	st, err = tn.hosts["A"].dp.PolicyCounters()
 	must(t, err)
-	if st["recheck_kept"] == 0 || st["allow_reply"] == 0 {
+	if st["recheck_kept"] < 2 || st["allow_reply"] == 0 {
 		t.Errorf("A's counters %v: want replies let in and a connection kept on re-check", st)
 	}
 }
