@@ -40,9 +40,9 @@ type PolicyApplied struct {
 }
 
 // ApplyPolicy makes c the rules the programs enforce: entries absent from
-// c are deleted, the others written, then the policy generation is bumped
-// so every established connection is re-decided on its next packet (kept
-// when c still allows it, cut otherwise). Rules are written before the
+// c are deleted, the others written, then, if anything changed, the policy
+// generation is bumped so every established connection is re-decided on
+// its next packet (kept when c still allows it, cut otherwise). Rules are written before the
 // endpoints that use them and deleted after, so a pod never points at an
 // identity whose rules are missing longer than the write takes.
 func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
@@ -117,6 +117,17 @@ func (d *Datapath) ApplyPolicy(c *netpol.Compiled) (PolicyApplied, error) {
 		return st, err
 	}
 	d.npHave = &policyMaps{rules: rules, prefixes: prefixes, eps: eps}
+	if st.Written+st.Deleted == 0 {
+		// Nothing changed: established connections need no second look
+		// (each would cost its next packet a full decision).
+		var gen uint64
+		err := d.objs.NpGeneration.Lookup(uint32(0), &gen)
+		st.Generation = gen
+		if err != nil {
+			return st, fmt.Errorf("read the policy generation: %w", err)
+		}
+		return st, nil
+	}
 	gen, err := d.bumpPolicyGeneration()
 	st.Generation = gen
 	return st, err
