@@ -249,3 +249,20 @@ func ProtocolNumber(p corev1.Protocol) uint8 {
 	}
 	return protoNumber(p)
 }
+
+// PoliciesFor names ("namespace/name") the policies that select pod p, by
+// the direction they isolate it in.
+func PoliciesFor(in *Input, p *Pod) (ingress, egress []string) {
+	for _, np := range in.Policies {
+		if np.Namespace != p.Namespace || !selects(&np.Spec.PodSelector, p.Labels) {
+			continue
+		}
+		if hasType(np, false) {
+			ingress = append(ingress, np.Namespace+"/"+np.Name)
+		}
+		if hasType(np, true) {
+			egress = append(egress, np.Namespace+"/"+np.Name)
+		}
+	}
+	return ingress, egress
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"sort"
@@ -53,6 +54,8 @@ type PolicyOptions struct {
 	DP            PolicyApplier
 	// Resync bounds how long a failed apply waits before the next try.
 	Resync time.Duration
+	// NodeName is this node's: ServeHTTP lists its pods (all with ?all=1).
+	NodeName string
 }
 
 // PolicyController keeps the node's policy maps equal to what the
@@ -72,18 +75,23 @@ type PolicyController struct {
 
 	mu      sync.Mutex
 	applied PolicyStatus
+	last    *netpol.Input     // what was applied last
+	comp    *netpol.Compiled  // and its compiled form
+	nodes   map[string]string // "namespace/name" -> node, of the pods in last
 }
 
 // PolicyStatus is what the controller applied last.
 type PolicyStatus struct {
 	// Generation is the dataplane's policy generation after the last
 	// successful apply (0: none yet).
-	Generation uint64
+	Generation uint64 `json:"generation"`
 	// Policies, Pods and Rules counted in that apply.
-	Policies, Pods, Rules int
+	Policies int `json:"policies"`
+	Pods     int `json:"pods"`
+	Rules    int `json:"rules"`
 	// At is when it completed; LastError the error of a later failed try.
-	At        time.Time
-	LastError string
+	At        time.Time `json:"appliedAt"`
+	LastError string    `json:"lastError,omitempty"`
 }
 
 // NewPolicyController sets up the informers; Run starts them.
@@ -190,7 +198,7 @@ func (c *PolicyController) Run(ctx context.Context) error {
 // sync compiles and applies the whole rule set once.
 func (c *PolicyController) sync() error {
 	start := time.Now()
-	in, err := c.input()
+	in, nodes, err := c.input()
 	if err != nil {
 		return err
 	}
@@ -204,6 +212,7 @@ func (c *PolicyController) sync() error {
 	}
 	c.mu.Lock()
 	c.applied = PolicyStatus{Generation: st.Generation, Policies: len(in.Policies), Pods: len(in.Pods), Rules: len(comp.Rules), At: time.Now()}
+	c.last, c.comp, c.nodes = in, comp, nodes
 	c.mu.Unlock()
 	klog.V(2).InfoS("Applied network policy", "generation", st.Generation, "policies", len(in.Policies), "pods", len(in.Pods),
 		"rules", len(comp.Rules), "written", st.Written, "deleted", st.Deleted, "took", time.Since(start))
@@ -213,19 +222,20 @@ func (c *PolicyController) sync() error {
 // input reads the listers into a netpol.Input. Pods without an address,
 // on the host network, or whose VPC is unknown are left out: to policy
 // they are plain addresses.
-func (c *PolicyController) input() (*netpol.Input, error) {
+func (c *PolicyController) input() (*netpol.Input, map[string]string, error) {
 	nps, err := c.policies.List(labels.Everything())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	nss, err := c.nss.List(labels.Everything())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	pods, err := c.pods.List(labels.Everything())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	nodes := map[string]string{}
 	in := &netpol.Input{Policies: nps, Namespaces: make(map[string]map[string]string, len(nss))}
 	for _, ns := range nss {
 		in.Namespaces[ns.Name] = ns.Labels
@@ -247,8 +257,56 @@ func (c *PolicyController) input() (*netpol.Input, error) {
 			continue
 		}
 		in.Pods = append(in.Pods, netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, VNI: vni, IP: ip, Ports: containerPorts(p)})
+		nodes[p.Namespace+"/"+p.Name] = p.Spec.NodeName
 	}
-	return in, nil
+	return in, nodes, nil
+}
+
+// PodPolicy is one pod's policy as this agent applied it.
+type PodPolicy struct {
+	Pod      string `json:"pod"`
+	Node     string `json:"node"`
+	VNI      uint32 `json:"vni"`
+	IP       string `json:"ip"`
+	Identity uint32 `json:"identity"`
+	// Ingress and Egress name the policies that isolate the pod in that
+	// direction (none: everything allowed that way).
+	Ingress []string `json:"ingress,omitempty"`
+	Egress  []string `json:"egress,omitempty"`
+}
+
+// PolicyReport is what ServeHTTP answers.
+type PolicyReport struct {
+	PolicyStatus
+	Pods []PodPolicy `json:"pods"`
+}
+
+// ServeHTTP answers (on the agent's health address, /policy) which
+// policies apply to this node's pods and whether the agent has applied
+// them: the generation the programs decide under, when, and the last
+// error. ?all=1 lists every pod the agent knows.
+func (c *PolicyController) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	rep := PolicyReport{PolicyStatus: c.applied, Pods: []PodPolicy{}}
+	in, comp, nodes := c.last, c.comp, c.nodes
+	c.mu.Unlock()
+	all := r.URL.Query().Get("all") == "1"
+	if in != nil {
+		for i := range in.Pods {
+			p := &in.Pods[i]
+			key := p.Namespace + "/" + p.Name
+			if !all && nodes[key] != c.o.NodeName {
+				continue
+			}
+			ing, eg := netpol.PoliciesFor(in, p)
+			rep.Pods = append(rep.Pods, PodPolicy{Pod: key, Node: nodes[key], VNI: p.VNI, IP: p.IP.String(),
+				Identity: comp.Endpoints[netpol.EndpointKey{VNI: p.VNI, IP: p.IP}].Identity, Ingress: ing, Egress: eg})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(rep)
 }
 
 // vniOf places a pod as the CNI server did: its subnet annotation's VPC,

@@ -2,7 +2,10 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -117,7 +120,7 @@ func TestPolicyController(t *testing.T) {
 	must(t, err)
 	app := &timedApplier{dp: dp, ch: make(chan struct{}, 1)}
 	c := NewPolicyController(PolicyOptions{Workload: kc, VPCs: listers.NewVpcLister(vpcs), Subnets: listers.NewSubnetLister(subnets),
-		DefaultVPC: vpc, DefaultSubnet: subnet, DP: app, Resync: time.Second})
+		DefaultVPC: vpc, DefaultSubnet: subnet, DP: app, Resync: time.Second, NodeName: "node-a"})
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx) }()
 	t.Cleanup(func() {
@@ -139,7 +142,7 @@ func TestPolicyController(t *testing.T) {
 	}
 	for i, p := range world.Pods {
 		po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}}}
+			Spec: corev1.PodSpec{NodeName: []string{"node-a", "node-b"}[i%2], Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}}}
 		for _, cp := range p.Ports {
 			proto := map[uint8]corev1.Protocol{netpol.ProtoTCP: corev1.ProtocolTCP, netpol.ProtoUDP: corev1.ProtocolUDP}[cp.Protocol]
 			po.Spec.Containers[0].Ports = append(po.Spec.Containers[0].Ports, corev1.ContainerPort{Name: cp.Name, Protocol: proto, ContainerPort: int32(cp.Port)})
@@ -214,8 +217,33 @@ func TestPolicyController(t *testing.T) {
 	}
 	slices.Sort(lat)
 	t.Logf("API write to applied on the node: min %v, median %v, max %v over %d changes", lat[0], lat[len(lat)/2], lat[len(lat)-1], len(lat))
-	if st := c.Status(); st.Generation == 0 || st.LastError != "" || st.Pods != len(world.Pods) {
+	st := c.Status()
+	if st.Generation == 0 || st.LastError != "" || st.Pods != len(world.Pods) {
 		t.Errorf("status %+v", st)
+	}
+
+	// What the agent reports for its node's pods.
+	rec := httptest.NewRecorder()
+	c.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/policy", nil))
+	var report PolicyReport
+	must(t, json.Unmarshal(rec.Body.Bytes(), &report))
+	if report.Generation != st.Generation || len(report.Pods) != (len(world.Pods)+1)/2 {
+		t.Fatalf("report: generation %d (status %d), %d pods, want node-a's %d:\n%s", report.Generation, st.Generation, len(report.Pods), (len(world.Pods)+1)/2, rec.Body)
+	}
+	for _, p := range report.Pods {
+		want := map[string][]string{"x/a": {"x/from-blue"}, "x/c": {"x/from-blue"}, "z/c": nil}[p.Pod]
+		if p.Pod == "z/c" {
+			if len(p.Ingress) != 10 {
+				t.Errorf("z/c: ingress policies %v, want the 10 deny-*", p.Ingress)
+			}
+			continue
+		}
+		if want != nil && !slices.Equal(p.Ingress, want) {
+			t.Errorf("%s: ingress policies %v, want %v", p.Pod, p.Ingress, want)
+		}
+		if p.Node != "node-a" || p.Identity == 0 {
+			t.Errorf("%s: node %q identity %d", p.Pod, p.Node, p.Identity)
+		}
 	}
 }
 

@@ -276,7 +276,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		n := rdp.Informers().Networking().V1alpha1()
 		policy = NewPolicyController(PolicyOptions{Workload: workload, VPCs: n.Vpcs().Lister(), Subnets: n.Subnets().Lister(),
 			Synced:     []cache.InformerSynced{n.Vpcs().Informer().HasSynced, n.Subnets().Informer().HasSynced},
-			DefaultVPC: vpc, DefaultSubnet: subnet, DP: dp})
+			DefaultVPC: vpc, DefaultSubnet: subnet, DP: dp, NodeName: o.NodeName})
 		go func() { errc <- policy.Run(ctx) }()
 	}
 
@@ -306,7 +306,11 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		klog.ErrorS(err, "Collecting stale pins failed")
 	}
 	if o.HealthAddr != "" {
-		hs := &http.Server{Addr: o.HealthAddr, Handler: m.mux(), ReadHeaderTimeout: 10 * time.Second}
+		mux := m.mux()
+		if policy != nil {
+			mux.Handle("/policy", policy)
+		}
+		hs := &http.Server{Addr: o.HealthAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			<-ctx.Done()
 			_ = hs.Close()
