@@ -236,6 +236,10 @@ func (c *PolicyController) input() (*netpol.Input, map[string]string, error) {
 		return nil, nil, err
 	}
 	nodes := map[string]string{}
+	byName := make(map[string]*corev1.Pod, len(pods))
+	for _, p := range pods {
+		byName[p.Namespace+"/"+p.Name] = p
+	}
 	in := &netpol.Input{Policies: nps, Namespaces: make(map[string]map[string]string, len(nss))}
 	for _, ns := range nss {
 		in.Namespaces[ns.Name] = ns.Labels
@@ -244,8 +248,12 @@ func (c *PolicyController) input() (*netpol.Input, map[string]string, error) {
 	sort.Slice(pods, func(i, j int) bool {
 		return pods[i].Namespace+"/"+pods[i].Name < pods[j].Namespace+"/"+pods[j].Name
 	})
+	// One pod per (VNI, address): a finished pod keeps its address in its
+	// status after the address went to another pod; of two live ones
+	// (a restart's overlap), the newer holds it.
+	owner := map[netpol.EndpointKey]int{}
 	for _, p := range pods {
-		if p.Spec.HostNetwork || p.Status.PodIP == "" || p.DeletionTimestamp != nil && p.Status.Phase != corev1.PodRunning {
+		if p.Spec.HostNetwork || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
 		ip, err := netip.ParseAddr(p.Status.PodIP)
@@ -256,7 +264,18 @@ func (c *PolicyController) input() (*netpol.Input, map[string]string, error) {
 		if !ok {
 			continue
 		}
-		in.Pods = append(in.Pods, netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, VNI: vni, IP: ip, Ports: containerPorts(p)})
+		pp := netpol.Pod{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, VNI: vni, IP: ip, Ports: containerPorts(p)}
+		key := netpol.EndpointKey{VNI: vni, IP: ip}
+		if i, dup := owner[key]; dup {
+			if prev := byName[in.Pods[i].Namespace+"/"+in.Pods[i].Name]; !prev.CreationTimestamp.Before(&p.CreationTimestamp) {
+				continue
+			}
+			delete(nodes, in.Pods[i].Namespace+"/"+in.Pods[i].Name)
+			in.Pods[i] = pp
+		} else {
+			owner[key] = len(in.Pods)
+			in.Pods = append(in.Pods, pp)
+		}
 		nodes[p.Namespace+"/"+p.Name] = p.Spec.NodeName
 	}
 	return in, nodes, nil
