@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
@@ -251,5 +254,62 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPolicyInput: which pods the controller hands the compiler, and where
+// it places them, from listers (no cluster needed).
+func TestPolicyInput(t *testing.T) {
+	idx := func() cache.Indexer {
+		return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	}
+	vpcs, subnets, pods, nss, nps := idx(), idx(), idx(), idx(), idx()
+	must(t, vpcs.Add(&v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: "pods"}, Spec: v1alpha1.VpcSpec{VNI: 100}}))
+	must(t, vpcs.Add(&v1alpha1.Vpc{ObjectMeta: metav1.ObjectMeta{Name: "other"}, Spec: v1alpha1.VpcSpec{VNI: 200}}))
+	must(t, subnets.Add(&v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: "pods-default"}, Spec: v1alpha1.SubnetSpec{VPC: "pods"}}))
+	must(t, subnets.Add(&v1alpha1.Subnet{ObjectMeta: metav1.ObjectMeta{Name: "other-s"}, Spec: v1alpha1.SubnetSpec{VPC: "other"}}))
+	must(t, nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", Labels: map[string]string{"a": "b"}}}))
+	t0 := metav1.NewTime(time.Now().Add(-time.Hour))
+	t1 := metav1.NewTime(time.Now())
+	pod := func(name, ip string, created metav1.Time, mut func(*corev1.Pod)) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name, CreationTimestamp: created},
+			Spec:   corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
+			Status: corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning}}
+		if mut != nil {
+			mut(p)
+		}
+		must(t, pods.Add(p))
+	}
+	pod("plain", "10.0.0.1", t0, nil)
+	pod("done", "10.0.0.2", t1, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded })
+	pod("reuser", "10.0.0.2", t0, nil)
+	pod("old", "10.0.0.3", t0, nil)
+	pod("new", "10.0.0.3", t1, nil)
+	pod("hostnet", "192.168.0.1", t0, func(p *corev1.Pod) { p.Spec.HostNetwork = true })
+	pod("pending", "", t0, nil)
+	pod("v6", "fd00::1", t0, nil)
+	pod("other", "10.0.0.1", t0, func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationSubnet: "other-s"} })
+	pod("byvpc", "10.0.0.9", t0, func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationVPC: "other"} })
+	pod("lost", "10.0.0.8", t0, func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationSubnet: "nope"} })
+	c := &PolicyController{o: PolicyOptions{VPCs: listers.NewVpcLister(vpcs), Subnets: listers.NewSubnetLister(subnets), DefaultSubnet: "pods-default"},
+		pods: corelisters.NewPodLister(pods), nss: corelisters.NewNamespaceLister(nss), policies: networkinglisters.NewNetworkPolicyLister(nps)}
+	in, nodes, err := c.input()
+	must(t, err)
+	got := map[string]string{}
+	for _, p := range in.Pods {
+		got[p.Name] = fmt.Sprintf("%d/%s", p.VNI, p.IP)
+		if len(p.Ports) != 1 || p.Ports[0] != (netpol.Port{Name: "http", Protocol: netpol.ProtoTCP, Port: 8080}) {
+			t.Errorf("%s: ports %v", p.Name, p.Ports)
+		}
+	}
+	want := map[string]string{"plain": "100/10.0.0.1", "reuser": "100/10.0.0.2", "new": "100/10.0.0.3", "other": "200/10.0.0.1", "byvpc": "200/10.0.0.9"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("pods %v\nwant %v", got, want)
+	}
+	if len(nodes) != len(want) || nodes["x/new"] != "n1" {
+		t.Errorf("nodes %v", nodes)
+	}
+	if in.Namespaces["x"]["a"] != "b" {
+		t.Errorf("namespaces %v", in.Namespaces)
 	}
 }
