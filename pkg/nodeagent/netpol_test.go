@@ -53,16 +53,16 @@ func (a *timedApplier) ApplyPolicy(c *netpol.Compiled) (dataplane.PolicyApplied,
 	return st, err
 }
 
-// waitFor waits until the last applied rule set satisfies ok, and returns
-// when it was applied.
-func (a *timedApplier) waitFor(t *testing.T, what string, ok func(*netpol.Compiled) bool) time.Time {
+// waitFor waits until a rule set applied after since satisfies ok, and
+// returns when it was applied.
+func (a *timedApplier) waitFor(t *testing.T, what string, since time.Time, ok func(*netpol.Compiled) bool) time.Time {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
 	for {
 		a.mu.Lock()
 		c, at := a.c, a.at
 		a.mu.Unlock()
-		if c != nil && ok(c) {
+		if c != nil && at.After(since) && ok(c) {
 			return at
 		}
 		select {
@@ -185,7 +185,7 @@ func TestPolicyController(t *testing.T) {
 			return true
 		}
 	}
-	app.waitFor(t, "the pods, no policy", agrees(nil))
+	app.waitFor(t, "the pods, no policy", time.Time{}, agrees(nil))
 
 	ingress := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 	fromY := []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "blue"}}}},
@@ -200,7 +200,7 @@ func TestPolicyController(t *testing.T) {
 		return start
 	}
 	start := write(netpoltest.Policy("x", "from-blue", nil, ingress, fromY, nil))
-	lat = append(lat, app.waitFor(t, "x's policy", agrees(ps)).Sub(start))
+	lat = append(lat, app.waitFor(t, "x's policy", start, agrees(ps)).Sub(start))
 
 	// y loses its team label: x no longer takes from it.
 	start = time.Now()
@@ -210,13 +210,13 @@ func TestPolicyController(t *testing.T) {
 	_, err = kc.CoreV1().Namespaces().Update(ctx, nsY, metav1.UpdateOptions{})
 	must(t, err)
 	world.Namespaces["y"] = nsY.Labels
-	lat = append(lat, app.waitFor(t, "y's labels", agrees(ps)).Sub(start))
+	lat = append(lat, app.waitFor(t, "y's labels", start, agrees(ps)).Sub(start))
 
 	// More policies, one at a time.
 	for i := range 10 {
 		np := netpoltest.Policy("z", "deny-"+string(rune('a'+i)), map[string]string{"pod": "c"}, ingress, nil, nil)
 		start := write(np)
-		lat = append(lat, app.waitFor(t, np.Name, agrees(ps)).Sub(start))
+		lat = append(lat, app.waitFor(t, np.Name, start, agrees(ps)).Sub(start))
 	}
 	slices.Sort(lat)
 	t.Logf("API write to applied on the node: min %v, median %v, max %v over %d changes", lat[0], lat[len(lat)/2], lat[len(lat)-1], len(lat))
