@@ -15,6 +15,7 @@
 #include "maps.h"
 #include "pkt.h"
 #include "route.h"
+#include "netpol.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -261,6 +262,9 @@ int mizar_underlay(struct xdp_md *ctx)
 	}
 
 	if (r.kind == RT_LOCAL) {
+		/* NetworkPolicy: the receiving pod's ingress (counted in np_stats). */
+		if (np_on() && np_deliver(ctx, vni, iip))
+			return XDP_DROP;
 		/* RFC 6040 normal mode: congestion marked on the underlay reaches
 		 * the pod; the inner DSCP is the sender's (pipe model). */
 		int ecn = ecn_decap(iph->tos, iip->tos);
@@ -814,6 +818,10 @@ int mizar_pod(struct __sk_buff *skb)
 	}
 	if (r.kind == RT_DROP)
 		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
+	/* NetworkPolicy: this pod's egress, and the receiver's ingress when it
+	 * is a pod of this host (counted in np_stats). */
+	if (np_on() && np_check(cfg->vni, iph->saddr, daddr, proto, ports, 1, r.kind == RT_LOCAL))
+		return TC_ACT_SHOT;
 
 	/* Leaving the subnet is routing through the gateway: one TTL hop,
 	 * taken here and nowhere else on the path. */

@@ -108,6 +108,9 @@ type Options struct {
 	// none of them, so the rest are dropped on the pod's host and counted
 	// (drop_flood). 0 means DefaultPodFloodRate; negative means no limit.
 	PodFloodRate int
+	// NetworkPolicy compiles Kubernetes NetworkPolicy enforcement into the
+	// programs (see ApplyPolicy). Off, the programs carry none of it.
+	NetworkPolicy bool
 	// UnderlayMTU is the underlay MTU the pods were sized from (PodMTU), if
 	// known: packets that fit it need no bpf_check_mtu call. 0 means ask the
 	// kernel for every packet that is not GSO.
@@ -137,8 +140,12 @@ type Datapath struct {
 	// replaced by empty ones.
 	replaced []string
 
-	mu    sync.Mutex // serialises link pin changes
-	genMu sync.Mutex // serialises generation bumps (invalidate)
+	npNames []string
+
+	mu       sync.Mutex  // serialises link pin changes
+	policyMu sync.Mutex  // serialises ApplyPolicy
+	npHave   *policyMaps // the policy maps as ApplyPolicy wrote them last
+	genMu    sync.Mutex  // serialises generation bumps (invalidate)
 }
 
 // Load loads the programs with this host's identity and opens (or creates)
@@ -187,7 +194,14 @@ func Load(opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("set the pod flood rate: %w", err)
 	}
 
+	if err := setPolicyConstants(spec, opts.NetworkPolicy); err != nil {
+		return nil, err
+	}
+
 	d := &Datapath{opts: opts}
+	if d.npNames, err = enumNames(spec, "np_counter", "NP_"); err != nil {
+		return nil, err
+	}
 	if d.underlayNames, err = enumNames(spec, "underlay_counter", "UL_"); err != nil {
 		return nil, err
 	}

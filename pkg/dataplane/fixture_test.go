@@ -49,7 +49,12 @@ var (
 
 func fixture(tb testing.TB) *Datapath {
 	tb.Helper()
-	d := loadTest(tb)
+	return populate(tb, loadTest(tb))
+}
+
+// populate writes the unit-test world into d's maps.
+func populate(tb testing.TB, d *Datapath) *Datapath {
+	tb.Helper()
 	must := func(err error) {
 		tb.Helper()
 		if err != nil {

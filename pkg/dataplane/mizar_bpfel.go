@@ -96,6 +96,85 @@ type mizarMacKey struct {
 	Pad [2]uint8
 }
 
+type mizarNpCacheEntry struct {
+	_    structs.HostLayout
+	K    mizarNpConnKey
+	_    [4]byte
+	Gen  uint64
+	Mode uint32
+	Pad  uint32
+}
+
+type mizarNpConn struct {
+	_   structs.HostLayout
+	Gen uint64
+}
+
+type mizarNpConnKey struct {
+	_     structs.HostLayout
+	Vni   uint32
+	Src   [4]uint8
+	Dst   [4]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type mizarNpCounter uint32
+
+const (
+	mizarNpCounterNP_ALLOW_NEW         mizarNpCounter = 0
+	mizarNpCounterNP_ALLOW_ESTABLISHED mizarNpCounter = 1
+	mizarNpCounterNP_ALLOW_REPLY       mizarNpCounter = 2
+	mizarNpCounterNP_RECHECK_KEPT      mizarNpCounter = 3
+	mizarNpCounterNP_DROP_EGRESS       mizarNpCounter = 4
+	mizarNpCounterNP_DROP_INGRESS      mizarNpCounter = 5
+	mizarNpCounterNP_DROP_CUT_EGRESS   mizarNpCounter = 6
+	mizarNpCounterNP_DROP_CUT_INGRESS  mizarNpCounter = 7
+	mizarNpCounterNP_MAX               mizarNpCounter = 8
+)
+
+type mizarNpEndpoint struct {
+	_        structs.HostLayout
+	Identity uint32
+	Flags    uint8
+	Pad      [3]uint8
+}
+
+type mizarNpPorts struct {
+	_ structs.HostLayout
+	N uint32
+	R [32]struct {
+		_  structs.HostLayout
+		Lo uint16
+		Hi uint16
+	}
+}
+
+type mizarNpPrefixKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Vni       uint32
+	Ip        [4]uint8
+}
+
+type mizarNpRefusedKey struct {
+	_   structs.HostLayout
+	Vni uint32
+	Ip  [4]uint8
+	Dir uint32
+}
+
+type mizarNpRuleKey struct {
+	_       structs.HostLayout
+	Subject uint32
+	Peer    uint32
+	Dir     uint8
+	Proto   uint8
+	Pad     uint16
+}
+
 type mizarPodCounter uint32
 
 const (
@@ -264,6 +343,14 @@ const (
 	mizarMapHostpath       = "hostpath"
 	mizarMapIntroduced     = "introduced"
 	mizarMapLearned        = "learned"
+	mizarMapNpCache        = "np_cache"
+	mizarMapNpConns        = "np_conns"
+	mizarMapNpEndpoints    = "np_endpoints"
+	mizarMapNpGeneration   = "np_generation"
+	mizarMapNpPrefixes     = "np_prefixes"
+	mizarMapNpRefused      = "np_refused"
+	mizarMapNpRules        = "np_rules"
+	mizarMapNpStats        = "np_stats"
 	mizarMapPodFlood       = "pod_flood"
 	mizarMapPodIfaces      = "pod_ifaces"
 	mizarMapPodStats       = "pod_stats"
@@ -278,6 +365,7 @@ const (
 	mizarProgMizarUnderlay = "mizar_underlay"
 	mizarVarFloodRate      = "flood_rate"
 	mizarVarHost           = "host"
+	mizarVarNpEnabled      = "np_enabled"
 )
 
 // loadMizar returns the embedded CollectionSpec for mizar.
@@ -339,6 +427,14 @@ type mizarMapSpecs struct {
 	Hostpath      *ebpf.MapSpec `ebpf:"hostpath"`
 	Introduced    *ebpf.MapSpec `ebpf:"introduced"`
 	Learned       *ebpf.MapSpec `ebpf:"learned"`
+	NpCache       *ebpf.MapSpec `ebpf:"np_cache"`
+	NpConns       *ebpf.MapSpec `ebpf:"np_conns"`
+	NpEndpoints   *ebpf.MapSpec `ebpf:"np_endpoints"`
+	NpGeneration  *ebpf.MapSpec `ebpf:"np_generation"`
+	NpPrefixes    *ebpf.MapSpec `ebpf:"np_prefixes"`
+	NpRefused     *ebpf.MapSpec `ebpf:"np_refused"`
+	NpRules       *ebpf.MapSpec `ebpf:"np_rules"`
+	NpStats       *ebpf.MapSpec `ebpf:"np_stats"`
 	PodFlood      *ebpf.MapSpec `ebpf:"pod_flood"`
 	PodIfaces     *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.MapSpec `ebpf:"pod_stats"`
@@ -357,6 +453,7 @@ type mizarMapSpecs struct {
 type mizarVariableSpecs struct {
 	FloodRate *ebpf.VariableSpec `ebpf:"flood_rate"`
 	Host      *ebpf.VariableSpec `ebpf:"host"`
+	NpEnabled *ebpf.VariableSpec `ebpf:"np_enabled"`
 }
 
 // mizarObjects contains all objects after they have been loaded into the kernel.
@@ -388,6 +485,14 @@ type mizarMaps struct {
 	Hostpath      *ebpf.Map `ebpf:"hostpath"`
 	Introduced    *ebpf.Map `ebpf:"introduced"`
 	Learned       *ebpf.Map `ebpf:"learned"`
+	NpCache       *ebpf.Map `ebpf:"np_cache"`
+	NpConns       *ebpf.Map `ebpf:"np_conns"`
+	NpEndpoints   *ebpf.Map `ebpf:"np_endpoints"`
+	NpGeneration  *ebpf.Map `ebpf:"np_generation"`
+	NpPrefixes    *ebpf.Map `ebpf:"np_prefixes"`
+	NpRefused     *ebpf.Map `ebpf:"np_refused"`
+	NpRules       *ebpf.Map `ebpf:"np_rules"`
+	NpStats       *ebpf.Map `ebpf:"np_stats"`
 	PodFlood      *ebpf.Map `ebpf:"pod_flood"`
 	PodIfaces     *ebpf.Map `ebpf:"pod_ifaces"`
 	PodStats      *ebpf.Map `ebpf:"pod_stats"`
@@ -411,6 +516,14 @@ func (m *mizarMaps) Close() error {
 		m.Hostpath,
 		m.Introduced,
 		m.Learned,
+		m.NpCache,
+		m.NpConns,
+		m.NpEndpoints,
+		m.NpGeneration,
+		m.NpPrefixes,
+		m.NpRefused,
+		m.NpRules,
+		m.NpStats,
 		m.PodFlood,
 		m.PodIfaces,
 		m.PodStats,
@@ -430,6 +543,7 @@ func (m *mizarMaps) Close() error {
 type mizarVariables struct {
 	FloodRate *ebpf.Variable `ebpf:"flood_rate"`
 	Host      *ebpf.Variable `ebpf:"host"`
+	NpEnabled *ebpf.Variable `ebpf:"np_enabled"`
 }
 
 // mizarPrograms contains all programs after they have been loaded into the kernel.

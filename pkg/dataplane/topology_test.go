@@ -250,9 +250,11 @@ type testNet struct {
 	learn time.Duration
 	// xdpMode is Options.XDPMode for loadMizar.
 	xdpMode XDPMode
-	hosts   map[string]*testHost
-	pods    map[string]*testPod
-	order   []*testHost
+	// netpol is Options.NetworkPolicy for loadMizar.
+	netpol bool
+	hosts  map[string]*testHost
+	pods   map[string]*testPod
+	order  []*testHost
 }
 
 // gatewayMAC is what the pods' ARP for their gateway resolves to.
@@ -463,7 +465,7 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
 	h.ns.do(tb, func() error {
 		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn, XDPMode: tn.xdpMode,
-			UnderlayMTU: underlayMTU})
+			UnderlayMTU: underlayMTU, NetworkPolicy: tn.netpol})
 		if err != nil {
 			return err
 		}

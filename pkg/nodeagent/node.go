@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -46,8 +47,11 @@ type NodeOptions struct {
 	HealthAddr         string
 	HostNetns          string
 	HostVPC            string
-	ProvisionTimeout   time.Duration
-	AckInterval        time.Duration
+	// NetworkPolicy enforces the workload cluster's NetworkPolicies in the
+	// dataplane (netpol.go).
+	NetworkPolicy    bool
+	ProvisionTimeout time.Duration
+	AckInterval      time.Duration
 	// CNIConflist is the conflist to install into CNIConfDir as
 	// CNIConflistName once this node's Droplet is Provisioned (empty: none).
 	CNIConflist     string
@@ -92,6 +96,9 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address serving /healthz and /metrics (empty: off)")
 	fs.StringVar(&o.HostVPC, "host-vpc", o.HostVPC, "VPC whose pods get Kubernetes networking through the node: Services via kube-proxy, egress "+
 		"masqueraded to the node, the node to its pods on every node (the cluster's default VPC for pods; empty: none, and an earlier run's host path is removed)")
+	fs.BoolVar(&o.NetworkPolicy, "network-policy", o.NetworkPolicy, "enforce the workload cluster's NetworkPolicies (networking.k8s.io/v1) in the BPF programs: "+
+		"the agent watches NetworkPolicies, Pods and Namespaces; pods without a "+AnnotationVPC+"/"+AnnotationSubnet+" annotation are in the VPC of --cni-conflist's "+
+		"subnet, else of --host-vpc. Off: the programs carry no policy code. Service traffic reaches pods from the node's address (SNAT), so policies see the node, not the client pod")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
 	fs.StringVar(&o.DaemonSet, "daemonset", o.DaemonSet, "the agent's own DaemonSet, namespace/name (a bare name: in $POD_NAMESPACE); when it is deleted, "+
@@ -219,7 +226,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	mode := underlayXDPMode(u, o.XDPGeneric)
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
-		UnderlayMTU: u.MTU})
+		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy})
 	if err != nil {
 		return err
 	}
@@ -259,8 +266,23 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- agent.Run(ctx) }()
+	var policy *PolicyController
+	if o.NetworkPolicy {
+		if workload == nil {
+			return errors.New("--network-policy needs the workload cluster: run in-cluster or set --workload-kubeconfig")
+		}
+		vpc, subnet, err := defaultPlacement(o.CNIConflist, o.HostVPC)
+		if err != nil {
+			return err
+		}
+		n := rdp.Informers().Networking().V1alpha1()
+		policy = NewPolicyController(PolicyOptions{Workload: workload, VPCs: n.Vpcs().Lister(), Subnets: n.Subnets().Lister(),
+			Synced:     []cache.InformerSynced{n.Vpcs().Informer().HasSynced, n.Subnets().Informer().HasSynced},
+			DefaultVPC: vpc, DefaultSubnet: subnet, DP: dp, NodeName: o.NodeName})
+		go func() { errc <- policy.Run(ctx) }()
+	}
 
 	ln, err := cni.Listen(o.CNISocket)
 	if err != nil {
@@ -268,6 +290,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	m := newMetrics(reg, metricSources{dp: dp, occupancy: rdp.Occupancy, events: agent.EndpointEvents,
 		underlay: func() (dataplane.LinkDrops, error) { return rdp.Pods().underlayDrops(u.Index) }})
+	if policy != nil {
+		reg.MustRegister(&policyMetrics{dp: dp, c: policy})
+	}
 	go func() { errc <- cni.Serve(ctx, ln, srv) }()
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
@@ -286,7 +311,11 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		klog.ErrorS(err, "Collecting stale pins failed")
 	}
 	if o.HealthAddr != "" {
-		hs := &http.Server{Addr: o.HealthAddr, Handler: m.mux(), ReadHeaderTimeout: 10 * time.Second}
+		mux := m.mux()
+		if policy != nil {
+			mux.Handle("/policy", policy)
+		}
+		hs := &http.Server{Addr: o.HealthAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			<-ctx.Done()
 			_ = hs.Close()

@@ -71,6 +71,9 @@ defaultSubnets: [{name: tenants-a, cidr: 10.100.0.0/24}, {name: tenants-b, cidr:
 tls: {mode: cert-manager, certManager: {issuerRef: {name: mizar-ca, kind: ClusterIssuer}}}
 etcd: {bundled: {persistence: pvc, storage: 5Gi, storageClassName: fast}}
 `,
+	"network-policy": `
+agent: {networkPolicy: true}
+`,
 	"emptydir-no-agent": `
 etcd: {bundled: {persistence: emptyDir, clientPort: 32379, peerPort: 32380, metricsPort: 32381}}
 agent: {enabled: false}
