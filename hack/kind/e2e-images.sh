@@ -20,8 +20,8 @@
 #   registry.k8s.io/e2e-test-images/agnhost:2.59
 # Prints each image's OCI tarball, in order. Images are cached by a hash of
 # their inputs (rootfs, package lists, agnhost binary, this script, the image
-# tool) under ${MIZAR_CACHE:-~/.cache/mizar}/e2e-images-<hash>/; the package
-# roots under e2e-roots-<hash>/. Needs root (chroot apt-get). Cold: a few
+# tool) as ${MIZAR_CACHE:-~/.cache/mizar}/e2e-images/<image>-<tag>-<hash>.tar;
+# the package roots under e2e-roots-<hash>/. Needs root (chroot apt-get). Cold: a few
 # minutes (apt downloads); warm: nothing.
 set -o errexit -o nounset -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -122,18 +122,19 @@ agnhost=
 for name in "$@"; do
   [[ $name == */agnhost:* ]] && agnhost=$("$ROOT/hack/kube-binaries.sh" agnhost)
 done
-ikey=$( { echo "$rkey $agnhost"; [[ -z $agnhost ]] || sha256sum "$agnhost"; sha256sum "$ROOT/hack/tools/image/main.go"; } | sha256sum | cut -c1-12)
-images=$CACHE/e2e-images-$ikey
-tool=$images/image
+toolkey=$(sha256sum "$ROOT/hack/tools/image/main.go" | cut -c1-12)
+tool=$CACHE/e2e-images/image-$toolkey
 
 PATHENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 for name in "$@"; do
   repo=${name%:*}
-  out=$images/${repo##*/}-${name##*:}.tar
+  # Each image's key: the roots', the image tool's, and agnhost's for agnhost.
+  ikey=$( { echo "$rkey $toolkey $name"; [[ $name != */agnhost:* ]] || sha256sum "$agnhost"; } | sha256sum | cut -c1-12)
+  out=$CACHE/e2e-images/${repo##*/}-${name##*:}-$ikey.tar
   if [[ ! -s $out ]]; then
     build_roots
     if [[ ! -x $tool ]]; then
-      mkdir -p "$images"
+      mkdir -p "$CACHE/e2e-images"
       (cd "$ROOT/hack/tools/image" && go build -trimpath -o "$tool.tmp" . && mv "$tool.tmp" "$tool")
     fi
     # Root, as upstream's images: the specs bind low ports and ping.
