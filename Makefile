@@ -15,7 +15,7 @@ export MIZAR_CACHE ?= $(HOME)/.cache/mizar
 # (recursively expanded, so recipes that run after deps see it).
 export KUBECTL = $(shell hack/kubectl-path.sh)
 
-.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt verify-size vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster bench-cluster
+.PHONY: all build test deps kube-binaries e2e-aggregated bench-aggregated images cluster up down clean codegen verify verify-codegen verify-deps verify-fmt verify-size vet bench bench-apiserver kubectl bench-workflow bench-cni bench-broker bench-podnet e2e-broker cluster-up cluster-down e2e kind-up kind-down e2e-cluster bench-cluster conformance
 
 all: build
 
@@ -156,6 +156,13 @@ kind-down:
 # it cannot run.
 e2e-cluster:
 	MIZAR_E2E_CLUSTER=1 $(GO) test -count=1 -v -timeout 55m ./test/e2ecluster
+
+# Kubernetes' own [sig-network] [Conformance] specs (e2e.test of the pinned
+# Kubernetes version and its test images, built here and cached) against the
+# running kind cluster (make kind-up). JUnit report and log in
+# _output/conformance/. Not in CI: e2e.test is a long build.
+conformance:
+	hack/kind/conformance.sh
 
 # `make up` as root is the local multi-node cluster; these names stay as aliases.
 cluster-up: up

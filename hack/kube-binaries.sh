@@ -10,6 +10,7 @@
 #          kubectl-1.33 kwok helm        (default: the first five)
 #          kubelet kubeadm kube-proxy agnhost (the kind node image, hack/kind/)
 #          kind crictl coredns loopback portmap bridge host-local ptp
+#          e2e.test (Kubernetes' e2e suite, `go test -c` of test/e2e: make conformance)
 # Prints the absolute path of each requested binary on stdout, one per line,
 # in the order asked; progress goes to stderr.
 #
@@ -44,6 +45,10 @@ spec() {
     # kubeadm derives the control-plane image tags from its own version: the ldflags are required.
     kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
     echo "$TOOLS/kube k8s.io/kubernetes/cmd/$1 $CACHE/kube-$kube $(kubeldflags "$kube")" ;;
+  e2e.test)
+    # The same version flags as kubectl: the suite logs and checks them.
+    kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
+    echo "$TOOLS/kube k8s.io/kubernetes/test/e2e $CACHE/kube-$kube $(kubeldflags "$kube")" ;;
   agnhost)
     kube=$(modver "$TOOLS/kube" k8s.io/kubernetes)
     echo "$TOOLS/kube k8s.io/kubernetes/test/images/agnhost $CACHE/kube-$kube -s" ;;
@@ -78,7 +83,7 @@ spec() {
     done
     echo "$TOOLS/helm helm.sh/helm/v3/cmd/helm $CACHE/helm-$h $f" ;;
   *)
-    log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm kubelet kubeadm kube-proxy agnhost kind crictl coredns loopback portmap bridge host-local ptp)"
+    log "unknown binary '$1' (known: kubectl kube-apiserver kube-controller-manager kube-scheduler etcd kubectl-1.33 kwok helm kubelet kubeadm kube-proxy agnhost kind crictl coredns loopback portmap bridge host-local ptp e2e.test)"
     exit 2 ;;
   esac
 }
@@ -107,36 +112,53 @@ for n in "${names[@]}"; do
   bin=$dir/bin/${n%-1.33}
   paths+=("$bin")
   [[ -x $bin ]] && continue
-  key="$moddir $dir $ldflags"
+  # A test binary is built alone, by `go test -c`; commands share one `go build`.
+  mode=build
+  [[ $n == *.test ]] && mode=test
+  key="$mode $moddir $dir $ldflags"
   groups[$key]+=" $pkg"
 done
 
 for key in "${!groups[@]}"; do
-  read -r moddir dir ldflags <<<"$key"
+  read -r mode moddir dir ldflags <<<"$key"
   read -r -a pkgs <<<"${groups[$key]}"
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/kube-binaries.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   log "building ${pkgs[*]##*/} into $dir/bin (cold: several minutes on 2 cores; cached afterwards)"
   start=$SECONDS
   # -v lists each compiled package: a count every 30 s shows progress without a flood.
-  (cd "$moddir" && exec nice -n 10 go build -v -trimpath -ldflags="${ldflags//,/ }" -o "$tmp/" "${pkgs[@]}") 2>"$tmp/log" &
+  # CGO_ENABLED=0 and -trimpath as for the commands, so the packages they share
+  # come from the build cache. -vet=off: go test would vet all of test/e2e's
+  # packages first, minutes of work that checks nothing mizar owns.
+  if [[ $mode == test ]]; then
+    # go test -c has no package list (-v is the test's flag): -x's compile lines are counted instead.
+    (cd "$moddir" && exec nice -n 10 go test -c -vet=off -x -trimpath -ldflags="${ldflags//,/ }" -o "$tmp/${pkgs[0]##*/}.test" "${pkgs[0]}") 2>"$tmp/log" &
+  else
+    (cd "$moddir" && exec nice -n 10 go build -v -trimpath -ldflags="${ldflags//,/ }" -o "$tmp/" "${pkgs[@]}") 2>"$tmp/log" &
+  fi
   pid=$!
   last=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     if ((SECONDS - last >= 30)); then
       last=$SECONDS
-      log "  ... $(grep -cv '^#' "$tmp/log" || true) packages compiled, $((SECONDS - start)) s"
+      if [[ $mode == test ]]; then
+        n=$(grep -c '/compile -o' "$tmp/log" || true)
+      else
+        n=$(grep -cv '^#' "$tmp/log" || true)
+      fi
+      log "  ... $n packages compiled, $((SECONDS - start)) s"
     fi
   done
   if ! wait "$pid"; then
-    tail -30 "$tmp/log" >&2
+    grep -v '^\(mkdir\|cat\|cd\|EOF\|packagefile\|WORK=\|echo\|#\|/\)' "$tmp/log" | tail -30 >&2
     log "build of ${pkgs[*]} failed (log above)"
     exit 1
   fi
   mkdir -p "$dir/bin"
   for p in "${pkgs[@]}"; do
     b=${p##*/}
+    [[ $mode == test ]] && b+=.test
     mv -f "$tmp/$b" "$dir/bin/$b"
   done
   rm -rf "$tmp"

@@ -8,18 +8,36 @@ set -o errexit -o nounset -o pipefail
 R=$(cd "$1" && pwd -P) OUT=$2
 shift 2
 
+# Installed packages, and which installed package provides each virtual one
+# (a dependency on "awk" is one on mawk here).
+declare -A installed=() provider=()
+while read -r status pkg provides; do
+  [[ $status == installed ]] || continue
+  installed[$pkg]=1
+  for v in ${provides//,/ }; do
+    [[ $v == \(* || $v == *\) || $v == '=' ]] && continue
+    provider[$v]=$pkg
+  done
+done < <(dpkg-query --admindir="$R/var/lib/dpkg" -W -f '${db:Status-Status} ${Package} ${Provides}\n')
+for p in "$@"; do
+  [[ -n ${installed[${p%%:*}]:-} ]] || { echo "debian-subset: $p is not installed in $R" >&2; exit 1; }
+done
+
 declare -A seen=()
 queue=("$@")
 while ((${#queue[@]})); do
   p=${queue[0]} queue=("${queue[@]:1}")
   p=${p%%:*}
-  [[ -n ${seen[$p]:-} ]] && continue
+  [[ -n ${installed[$p]:-} ]] || p=${provider[$p]:-}
+  [[ -n $p && -z ${seen[$p]:-} ]] || continue
   seen[$p]=1
-  # "a (>= 1) | b, c" -> a c: the first alternative, which is what is installed here.
+  # "a (>= 1) | b, c" -> a c: the first alternative, which is what is installed
+  # here; a dependency neither installed nor provided is left out.
   deps=$(dpkg-query --admindir="$R/var/lib/dpkg" -W -f '${Pre-Depends}, ${Depends}' "$p" 2>/dev/null |
     tr ',' '\n' | sed -e 's/|.*//' -e 's/(.*)//' -e 's/ //g' | grep -v '^$' || true)
   for d in $deps; do
-    dpkg-query --admindir="$R/var/lib/dpkg" -W "$d" >/dev/null 2>&1 && queue+=("$d")
+    d=${d%%:*}
+    [[ -n ${installed[$d]:-} || -n ${provider[$d]:-} ]] && queue+=("$d")
   done
 done
 

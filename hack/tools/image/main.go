@@ -7,7 +7,11 @@
 //
 // --user and --env set the image's user (default 65532:65532, non-root) and
 // environment: the kind node's control-plane images run as root, as kubeadm's
-// static pods expect, and find their command on PATH.
+// static pods expect, and find their command on PATH. --entrypoint and --cmd
+// set the image's ENTRYPOINT and CMD (comma-separated): the Kubernetes e2e test
+// images (hack/kind/e2e-images.sh) keep their upstream defaults, e.g. agnhost's
+// CMD ["pause"], and an image of a root filesystem alone (--base, no --binary)
+// may name a command of that filesystem.
 package main
 
 import (
@@ -39,14 +43,22 @@ func main() {
 	base := flag.String("base", "", "tarball of a root filesystem to put under the binary (first layer)")
 	user := flag.String("user", "65532:65532", "the image's user (uid:gid); 0:0 for a node agent that loads BPF programs")
 	env := flag.String("env", "", "comma-separated KEY=VALUE environment of the image, e.g. PATH=/usr/local/bin:/usr/bin")
+	entrypoint := flag.String("entrypoint", "", "comma-separated ENTRYPOINT (default: --path)")
+	cmd := flag.String("cmd", "", "comma-separated CMD, the entrypoint's default arguments")
 	flag.Parse()
-	if *binary == "" || *path == "" || *name == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "image: --binary, --path, --name and --out are required")
+	if *name == "" || *out == "" || (*base == "" && (*binary == "" || *path == "")) {
+		fmt.Fprintln(os.Stderr, "image: --name, --out and either --binary with --path or --base are required")
 		os.Exit(2)
 	}
 	s := spec{binary: *binary, path: *path, name: *name, out: *out, extra: *extra, base: *base, user: *user}
 	if *env != "" {
 		s.env = strings.Split(*env, ",")
+	}
+	if *entrypoint != "" {
+		s.entrypoint = strings.Split(*entrypoint, ",")
+	}
+	if *cmd != "" {
+		s.cmd = strings.Split(*cmd, ",")
 	}
 	if err := build(s); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
@@ -54,11 +66,12 @@ func main() {
 	}
 }
 
-// spec is one image: the binary at path (the entrypoint), extra files, an
-// optional base root filesystem, the user and environment.
+// spec is one image: the binary at path (the entrypoint unless entrypoint is
+// set), extra files, an optional base root filesystem, the user, environment
+// and default arguments. With a base, the binary may be left out.
 type spec struct {
 	binary, path, name, out, extra, base, user string
-	env                                        []string
+	env, entrypoint, cmd                       []string
 }
 
 // run builds an image of the binary alone, as user.
@@ -73,7 +86,16 @@ func build(s spec) error {
 			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
 		}
 	}
-	files := map[string]string{path: binary}
+	if (binary == "") != (path == "") {
+		return fmt.Errorf("--binary %q and --path %q: give both or neither", binary, path)
+	}
+	if binary == "" && s.base == "" {
+		return fmt.Errorf("no --binary and no --base: the image would be empty")
+	}
+	files := map[string]string{}
+	if binary != "" {
+		files[path] = binary
+	}
 	if extra != "" {
 		for _, kv := range strings.Split(extra, ",") {
 			src, dst, ok := strings.Cut(kv, "=")
@@ -83,11 +105,14 @@ func build(s spec) error {
 			files[dst] = src
 		}
 	}
-	layer, err := layerOf(files)
-	if err != nil {
-		return err
+	var layers []v1.Layer
+	if len(files) > 0 {
+		layer, err := layerOf(files)
+		if err != nil {
+			return err
+		}
+		layers = append(layers, layer)
 	}
-	layers := []v1.Layer{layer}
 	if s.base != "" {
 		if _, err := os.Stat(s.base); err != nil {
 			return fmt.Errorf("--base: %w", err)
@@ -97,7 +122,7 @@ func build(s spec) error {
 		if err != nil {
 			return fmt.Errorf("reading the base %s: %w", s.base, err)
 		}
-		layers = []v1.Layer{rootfs, layer}
+		layers = append([]v1.Layer{rootfs}, layers...)
 	}
 	// OCI media types throughout (empty.Image starts with Docker's).
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
@@ -114,7 +139,11 @@ func build(s spec) error {
 	// Non-root by default (--user), as the chart's securityContext expects.
 	cfg.Config.User = s.user
 	cfg.Config.Env = s.env
-	cfg.Config.Entrypoint = []string{path}
+	cfg.Config.Entrypoint = s.entrypoint
+	if cfg.Config.Entrypoint == nil && path != "" {
+		cfg.Config.Entrypoint = []string{path}
+	}
+	cfg.Config.Cmd = s.cmd
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("setting the image config: %w", err)
 	}

@@ -228,3 +228,75 @@ func TestImageOnBase(t *testing.T) {
 		t.Error("a missing --base gave no error")
 	}
 }
+
+// TestImageBaseOnlyWithCmd builds an image of a root filesystem alone, with
+// ENTRYPOINT and CMD set (what the e2e test images need: jessie-dnsutils has
+// no binary of its own, agnhost keeps CMD ["pause"]); one layer, the base. A
+// binary without a path, or neither binary nor base, is refused.
+func TestImageBaseOnlyWithCmd(t *testing.T) {
+	dir := t.TempDir()
+	baseTar := filepath.Join(dir, "rootfs.tar")
+	f, err := os.Create(baseTar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	if err := tw.WriteHeader(&tar.Header{Name: "bin/sh", Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	out := filepath.Join(dir, "img.tar")
+	s := spec{name: "mizar.dev/baseonly:dev", out: out, base: baseTar, user: "0:0",
+		entrypoint: []string{"/bin/sh", "-c"}, cmd: []string{"sleep 1", "x"}}
+	if err := build(s); err != nil {
+		t.Fatal(err)
+	}
+	lay := filepath.Join(dir, "layout")
+	untar(t, out, lay)
+	p, err := layout.FromPath(lay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("index: %v, %v", im, err)
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validate.Image(img); err != nil {
+		t.Errorf("image does not validate: %v", err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Config.Entrypoint; len(got) != 2 || got[0] != "/bin/sh" || got[1] != "-c" {
+		t.Errorf("entrypoint %q, want [/bin/sh -c]", got)
+	}
+	if got := cfg.Config.Cmd; len(got) != 2 || got[0] != "sleep 1" || got[1] != "x" {
+		t.Errorf("cmd %q, want [sleep 1, x]", got)
+	}
+	if layers, err := img.Layers(); err != nil || len(layers) != 1 {
+		t.Errorf("layers: %d, %v; want the base alone", len(layers), err)
+	}
+
+	bad := s
+	bad.binary = baseTar
+	if err := build(bad); err == nil {
+		t.Error("--binary without --path gave no error")
+	}
+	bad = s
+	bad.base = ""
+	if err := build(bad); err == nil {
+		t.Error("no --binary and no --base gave no error")
+	}
+}
