@@ -124,7 +124,9 @@ for key in "${!groups[@]}"; do
   read -r -a pkgs <<<"${groups[$key]}"
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/kube-binaries.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
-  log "building ${pkgs[*]##*/} into $dir/bin (cold: several minutes on 2 cores; cached afterwards)"
+  suffix=
+  [[ $mode == test ]] && suffix=.test
+  log "building ${pkgs[*]##*/}$suffix into $dir/bin (cold: several minutes on 2 cores; cached afterwards)"
   start=$SECONDS
   # -v lists each compiled package: a count every 30 s shows progress without a flood.
   # CGO_ENABLED=0 and -trimpath as for the commands, so the packages they share
@@ -163,7 +165,7 @@ for key in "${!groups[@]}"; do
   done
   rm -rf "$tmp"
   trap - EXIT
-  log "built ${pkgs[*]##*/} in $((SECONDS - start)) s"
+  log "built ${pkgs[*]##*/}$suffix in $((SECONDS - start)) s"
 done
 
 printf '%s\n' "${paths[@]}"

@@ -66,6 +66,24 @@ for n in $nodes; do
   done
 done
 
+# podman's aardvark-dns, the nodes' resolver, refuses DNS over TCP, and CoreDNS
+# forwards with the client's protocol: a TCP query for a name that walks the
+# pods' search list to the nodes' dns.podman domain gets SERVFAIL and ends
+# there (Kubernetes' DNS conformance specs ask `dig +tcp +search`). Upstream
+# over UDP, whatever the client used, as on any network whose resolver does.
+corefile=$("$KUBECTL" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}')
+if ! grep -q prefer_udp <<<"$corefile"; then
+  grep -q '^ *forward \. /etc/resolv.conf {$' <<<"$corefile" || {
+    log "CoreDNS's Corefile has no 'forward . /etc/resolv.conf {' block to add prefer_udp to:"
+    echo "$corefile" >&2
+    exit 1
+  }
+  sed -E 's#^( *)forward \. /etc/resolv.conf \{$#&\n\1   prefer_udp#' <<<"$corefile" >"$ROOT/_output/kind/Corefile"
+  "$KUBECTL" -n kube-system create configmap coredns --from-file=Corefile="$ROOT/_output/kind/Corefile" \
+    --dry-run=client -o yaml | "$KUBECTL" -n kube-system replace -f - >/dev/null
+  step "CoreDNS asks upstream over UDP (prefer_udp)"
+fi
+
 case $CNI in
 reference)
   "$ROOT/hack/kind/refcni.sh"
