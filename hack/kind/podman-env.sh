@@ -13,12 +13,10 @@ PODMAN_DIR=$MIZAR_CACHE/podman
 mkdir -p "$PODMAN_DIR"
 # Limits this machine can grant (hard nofile is 20000 here; podman's default
 # of 1048576 fails with "error setting rlimit type 7"); cgroupfs and file
-# events because the host may run no systemd. nproc: RLIMIT_NPROC counts
-# every task (threads too) of uid 0 on the whole machine, nodes' control
-# planes and pods included, and pods (without CAP_SYS_ADMIN) are held to it;
-# at 4096 a busy machine made pods' forks fail with EAGAIN. 32768 is the most
-# runc could set here (65536 and the shell's hard limit, 96364, were refused
-# with EPERM), and never more than the host's own hard limit.
+# events because the host may run no systemd. nproc is counted over every
+# uid-0 task of the machine (threads too); 32768 leaves room for three nodes'
+# control planes and pods beside a busy host (runc here refuses 65536 and
+# above with EPERM), and never more than the host's own hard limit.
 nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
 [[ $nofile == unlimited || $nofile -gt 1048576 ]] && nofile=1048576
 [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
