@@ -45,10 +45,18 @@ IMAGE=$("$ROOT/hack/kind/node-image.sh")
 step "node image $IMAGE"
 
 mkdir -p "$(dirname "$KUBECONFIG")"
+# A cluster whose node containers were stopped with the run that made them
+# (podman keeps them) is listed but dead: it is made anew.
 if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-  log "cluster $CLUSTER exists; keeping it"
-  "$KIND" export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG" >/dev/null
-else
+  "$KIND" export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG" >/dev/null || true
+  if "$KUBECTL" --request-timeout=10s get nodes >/dev/null 2>&1; then
+    log "cluster $CLUSTER exists; keeping it"
+  else
+    log "cluster $CLUSTER exists but its API does not answer (left by a stopped run?): making it anew"
+    "$KIND" delete cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
+  fi
+fi
+if ! "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   "$KIND" create cluster --name "$CLUSTER" --config "$ROOT/hack/kind/cluster.yaml" --image "$IMAGE" \
     --kubeconfig "$KUBECONFIG" --retain=false
 fi
