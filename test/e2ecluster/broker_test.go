@@ -201,11 +201,11 @@ func (w *workload) checkBroker(ctx context.Context, t *testing.T) {
 		Spec: brokerv1.ServiceClassSpec{
 			ID: serviceID, Description: "MariaDB from Debian's mariadb-server (e2e)", Bindable: true, Image: mariadbImage,
 			Plans: []brokerv1.ServicePlan{
-				{Name: "small", ID: smallID, Description: "one replica, 100m CPU, 256 MiB", Replicas: 1,
-					CPU: resource.MustParse("100m"), Memory: resource.MustParse("256Mi"), Storage: resource.MustParse("1Gi"),
+				{Name: "small", ID: smallID, Description: "one replica, 100m CPU, 384 MiB", Replicas: 1,
+					CPU: resource.MustParse("100m"), Memory: resource.MustParse("384Mi"), Storage: resource.MustParse("1Gi"),
 					MaxProvisioningDuration: &metav1.Duration{Duration: brokerTimeout}},
-				{Name: "larger", ID: largerID, Description: "one replica, 200m CPU, 384 MiB", Replicas: 1,
-					CPU: resource.MustParse("200m"), Memory: resource.MustParse("384Mi"), Storage: resource.MustParse("1Gi"),
+				{Name: "larger", ID: largerID, Description: "one replica, 200m CPU, 512 MiB", Replicas: 1,
+					CPU: resource.MustParse("200m"), Memory: resource.MustParse("512Mi"), Storage: resource.MustParse("1Gi"),
 					MaxProvisioningDuration: &metav1.Duration{Duration: brokerTimeout}},
 			},
 		},
@@ -401,8 +401,8 @@ func (w *workload) checkBroker(ctx context.Context, t *testing.T) {
 	if after.UID == server.UID {
 		t.Errorf("pod %s was not replaced by the plan change", after.Name)
 	}
-	if mem := after.Spec.Containers[0].Resources.Limits.Memory(); mem.Cmp(resource.MustParse("384Mi")) != 0 {
-		t.Errorf("after the update the pod's memory limit is %s, want 384Mi", mem)
+	if mem := after.Spec.Containers[0].Resources.Limits.Memory(); mem.Cmp(resource.MustParse("512Mi")) != 0 {
+		t.Errorf("after the update the pod's memory limit is %s, want 512Mi", mem)
 	}
 	if got := sql("read the row after the update", "SELECT v FROM e2e WHERE id = 1"); got != value {
 		t.Fatalf("after the plan change read %q, want %q", got, value)
