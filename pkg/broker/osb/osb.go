@@ -156,6 +156,12 @@ func failure(err error, code int, key string) error {
 	return apiresponses.NewFailureResponseBuilder(err, code, key).WithErrorKey(key).Build()
 }
 
+// conflict is a 409 that says what conflicts: the spec expects "{}" and
+// allows a description, which the library's own 409s leave out.
+func conflict(format string, args ...any) error {
+	return apiresponses.NewFailureResponseBuilder(fmt.Errorf(format, args...), http.StatusConflict, "conflict").Build()
+}
+
 var (
 	errNotFound  = failure(errors.New("no such service instance"), http.StatusNotFound, "NotFound")
 	errBadParams = func(err error) error { return failure(err, http.StatusBadRequest, "ValidationFailed") }
@@ -358,13 +364,13 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 	existing, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		// Another id's order holds the name (see ObjectName), or it just went.
-		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+		return domain.ProvisionedServiceSpec{}, conflict("another service instance holds the name of %s; retry, or use another id", id)
 	}
 	if err != nil {
 		return domain.ProvisionedServiceSpec{}, fmt.Errorf("reading the existing order: %w", err)
 	}
 	if !sameOrder(&existing.Spec, &want) {
-		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+		return domain.ProvisionedServiceSpec{}, conflict("service instance %s exists with another service, plan or parameters", id)
 	}
 	switch {
 	case existing.DeletionTimestamp != nil:
@@ -629,7 +635,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, d domain.BindDe
 	}
 	if !isFor(existing, bindingID) || existing.Spec.Instance != in.Name || !sameParameters(existing.Spec.Parameters, sb.Spec.Parameters) ||
 		(existing.Annotations[AnnotationPlanID] != "" && existing.Annotations[AnnotationPlanID] != d.PlanID) {
-		return domain.Binding{}, apiresponses.ErrBindingAlreadyExists
+		return domain.Binding{}, conflict("binding %s exists with another instance, plan or parameters", bindingID)
 	}
 	return domain.Binding{AlreadyExists: true, Credentials: creds}, nil
 }
