@@ -375,6 +375,11 @@ func (w *workload) checkBroker(ctx context.Context, t *testing.T) {
 			}},
 		},
 	}
+	// The test namespace exists unless this step runs alone (-run
+	// TestCluster/BrokerMariaDBThroughOSB); TestCluster's cleanup deletes it.
+	if _, err := e.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: w.ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	if _, err := e.cs.CoreV1().Pods(w.ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

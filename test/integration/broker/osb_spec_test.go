@@ -52,7 +52,8 @@ import (
 //	|                 | 201 with credentials; same again 200 with them; another under the id 409      | TestOSBProvisionBindDeprovision, TestOSBBindRules, rows
 //	|                 | parameters checked against the plan's binding schema (400) and stored          | TestOSBBindRules, rows
 //	|                 | credentials connect (a client on another node reads and writes)                | e2ecluster BrokerMariaDBThroughOSB
-//	| unbind          | 200 {}; a gone binding 410; another instance's binding 410                     | TestOSBProvisionBindDeprovision, rows
+//	| unbind          | 200 {}; a gone binding 410; another instance's binding 410; service_id and    | TestOSBProvisionBindDeprovision, rows
+//	|                 | plan_id (REQUIRED query parameters) missing: 400, also for deprovision         | rows
 //	| deprovision     | accepts_incomplete absent: 422; 202 + operation; gone: 410                     | TestOSBProvisionBindDeprovision, rows
 //	|                 | accepted while provisioning: halts it and removes what was made                | TestDeprovisionDuringProvisioningStopsAndCleansUp
 //	|                 | every resource created is removed, bindings included                           | TestOSBBindRules, TestOSBAnyInstanceID, e2ecluster
@@ -247,6 +248,8 @@ func TestOSBSpecRules(t *testing.T) {
 
 		{rule: "unbind: a binding never made", method: "DELETE", path: rp + "/service_bindings/" + randomFirst() + del, code: 410},
 		{rule: "unbind: another instance's binding", method: "DELETE", path: bp + "/service_bindings/" + binding + del, code: 410},
+		{rule: "unbind: plan_id missing", method: "DELETE", path: rp + "/service_bindings/" + binding + "?service_id=" + f.serviceID, code: 400},
+		{rule: "deprovision: service_id missing", method: "DELETE", path: rp + "?accepts_incomplete=true&plan_id=" + f.smallID, code: 400},
 		{rule: "deprovision: accepts_incomplete absent", method: "DELETE", path: rp + del, code: 422, key: "AsyncRequired"},
 		{rule: "deprovision: an instance never made", method: "DELETE", path: instancePath(fresh) + del + "&accepts_incomplete=true", code: 410},
 		// Last: it changes the state the rows above read.
