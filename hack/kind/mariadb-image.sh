@@ -31,7 +31,8 @@ log() { echo "mariadb-image: $*" >&2; }
 
 pkgs=(mariadb-server mariadb-client dash bash coreutils grep sed mawk findutils procps hostname libc-bin)
 rootfs_tar=$("$ROOT/hack/kind/rootfs.sh")
-key=$( { echo "$rootfs_tar"; printf '%s\n' "${pkgs[@]}"; sha256sum "$0" "$ROOT/hack/kind/debian-subset.sh" "$ROOT/hack/tools/image/main.go"; } | sha256sum | cut -c1-12)
+# Contents only (not paths): every checkout of the same tree shares the cache.
+key=$( { echo "$rootfs_tar"; printf '%s\n' "${pkgs[@]}"; cat "$0" "$ROOT/hack/kind/debian-subset.sh" "$ROOT/hack/tools/image/main.go"; } | sha256sum | cut -c1-12)
 out=$CACHE/mariadb-$key/mariadb.tar
 if [[ -s $out ]]; then
   echo "$out"
