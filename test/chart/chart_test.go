@@ -74,6 +74,9 @@ etcd: {bundled: {persistence: pvc, storage: 5Gi, storageClassName: fast}}
 	"network-policy": `
 agent: {networkPolicy: true}
 `,
+	"broker-osb": `
+broker: {enabled: true, fulfillment: true, osb: {enabled: true, port: 9444, namespace: brokers}}
+`,
 	"emptydir-no-agent": `
 etcd: {bundled: {persistence: emptyDir, clientPort: 32379, peerPort: 32380, metricsPort: 32381}}
 agent: {enabled: false}
@@ -259,5 +262,55 @@ func TestConflist(t *testing.T) {
 	_, cms = podSpecs(t, helmTemplate(t, ""))
 	if conf := cms["ConfigMap/mz-cni/10-mizar.conflist"]; strings.Contains(conf, "mtu") || !strings.Contains(conf, `"subnet": "pods-default"`) {
 		t.Errorf("default conflist:\n%s", conf)
+	}
+}
+
+// With the broker's OSB API on, the apiserver listens on the OSB port, reads
+// "username:password" from the chart's Secret (a generated password of 32, or
+// the one given), and the fulfillment operator may write workloads in the OSB
+// namespace, which the chart creates, and nowhere else.
+func TestBrokerOSB(t *testing.T) {
+	manifest := helmTemplate(t, ValueSets["broker-osb"])
+	var secret corev1.Secret
+	var roleBindingNS, nsName string
+	for _, doc := range strings.Split(manifest, "\n---") {
+		var meta struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name, Namespace string
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			continue
+		}
+		switch {
+		case meta.Kind == "Secret" && meta.Metadata.Name == "mz-osb":
+			mustDecode(t, doc, &secret)
+		case meta.Kind == "RoleBinding" && meta.Metadata.Name == "mz-broker-fulfillment":
+			roleBindingNS = meta.Metadata.Namespace
+		case meta.Kind == "Namespace":
+			nsName = meta.Metadata.Name
+		}
+	}
+	user, pass, ok := strings.Cut(string(secret.Data["credentials"]), ":")
+	if !ok || user != "platform" || len(pass) != 32 {
+		t.Errorf("Secret mz-osb credentials %q: want platform:<32 generated characters>", secret.Data["credentials"])
+	}
+	if roleBindingNS != "brokers" || nsName != "brokers" {
+		t.Errorf("fulfillment RoleBinding in %q, Namespace %q: want both brokers", roleBindingNS, nsName)
+	}
+	specs, _ := podSpecs(t, manifest)
+	args := strings.Join(argv(specs["Deployment/mz-apiserver"].Containers[0]), " ")
+	for _, want := range []string{"--broker-fulfillment", "--broker-osb-address=0.0.0.0:9444", "--broker-osb-credentials-file=/etc/mizar/osb/credentials", "--broker-osb-namespace=brokers"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("apiserver args lack %s: %s", want, args)
+		}
+	}
+	given := helmTemplate(t, ValueSets["broker-osb"], "--set", "broker.osb.password=0123456789abcdefXYZ")
+	if !strings.Contains(given, "credentials: cGxhdGZvcm06MDEyMzQ1Njc4OWFiY2RlZlhZWg==") {
+		t.Errorf("a given password is not the Secret's")
+	}
+	if out := helmTemplate(t, ""); strings.Contains(out, "broker-osb") || strings.Contains(out, "mz-osb") {
+		t.Errorf("the default values render the OSB API")
 	}
 }

@@ -66,6 +66,10 @@ func TestCluster(t *testing.T) {
 		w.checkSecondVPCIsolated(ctx, t)
 	})
 	t.Run("ServicesKubeProxyNftables", func(t *testing.T) { w.checkServicesNftables(ctx, t) })
+	t.Run("BrokerMariaDBThroughOSB", func(t *testing.T) {
+		e.requireMizar(t)
+		w.checkBroker(ctx, t)
+	})
 	t.Run("WaitReadyMizarKinds", func(t *testing.T) {
 		e.requireMizar(t)
 		e.checkWaitReady(ctx, t)

@@ -1,6 +1,7 @@
 package fulfillment
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -54,5 +55,35 @@ func TestWorkloadNamesAreValidForAnyOrder(t *testing.T) {
 	in.Status.Steps = []brokerv1.Step{{Name: StepValidating, State: brokerv1.StepDone}, {Name: StepSecret, State: brokerv1.StepDone}}
 	if got := namesOf(in).statefulSet; got != "db" {
 		t.Errorf("an order from before status.workloadName: %q, want its name", got)
+	}
+}
+
+// The StatefulSet speaks what the MariaDB image built here reads
+// (hack/kind/mariadb-image.sh, run with podman and in the kind e2e): every
+// MYSQL_* variable the container gets is one its entrypoint reads, the
+// volume is mounted where the server keeps its data, and the probes' tools
+// are in the image's packages.
+func TestStatefulSetSpeaksTheMariaDBImage(t *testing.T) {
+	script, err := os.ReadFile("../../../hack/kind/mariadb-image.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &brokerv1.ServiceInstance{}
+	in.Name, in.Namespace, in.UID = "db", "ns", types.UID(uuid.NewUUID())
+	plan := &brokerv1.ServicePlan{Name: "small", Replicas: 1}
+	c := statefulSet(in, &brokerv1.ServiceClass{}, plan).Spec.Template.Spec.Containers[0]
+	for _, e := range c.Env {
+		if !strings.Contains(string(script), "$"+e.Name) && !strings.Contains(string(script), "${"+e.Name) {
+			t.Errorf("the container gets %s; the image's entrypoint never reads it", e.Name)
+		}
+	}
+	if len(c.VolumeMounts) != 1 || !strings.Contains(string(script), "DATADIR=${MYSQL_DATADIR:-"+c.VolumeMounts[0].MountPath+"}") {
+		t.Errorf("data volume mounted at %v; the image keeps its data elsewhere", c.VolumeMounts)
+	}
+	probes := strings.Join(c.StartupProbe.Exec.Command, " ") + " " + strings.Join(c.ReadinessProbe.Exec.Command, " ")
+	for tool, pkg := range map[string]string{"mysqladmin": "mariadb-client", "mysql ": "mariadb-client", "sh ": "dash"} {
+		if strings.Contains(probes, tool) && !strings.Contains(string(script), " "+pkg+" ") {
+			t.Errorf("the probes run %q; the image lacks the package %s", tool, pkg)
+		}
 	}
 }

@@ -95,6 +95,8 @@ func (b *Broker) Handler(creds Credentials, logger *slog.Logger) http.Handler {
 		brokerapi.WithCustomAuth(checkBody),
 		brokerapi.WithAdditionalMiddleware(retryAfter),
 	)
+	// Outermost: every answer echoes the platform's request id, refusals too.
+	h = echoRequestIdentity(h)
 	return instrument(h)
 }
 
@@ -110,6 +112,28 @@ func checkVersion(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// echoRequestIdentity sends X-Broker-API-Request-Identity back on every
+// answer, as the spec asks (SHOULD); the library echoes it only on a 412.
+func echoRequestIdentity(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("X-Broker-API-Request-Identity"); id != "" {
+			w.Header().Set("X-Broker-API-Request-Identity", id)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkMaintenanceInfo refuses a request that names a maintenance_info: no
+// plan of this catalog has one, so none can match (422
+// MaintenanceInfoConflict, the spec's answer to a version that does not
+// match the catalog's). The library does not check it.
+func checkMaintenanceInfo(m *domain.MaintenanceInfo) error {
+	if m == nil || m.Equals(domain.MaintenanceInfo{}) {
+		return nil
+	}
+	return apiresponses.ErrMaintenanceInfoNilConflict
 }
 
 // retryAfter suggests a polling interval on last_operation answers.
@@ -130,6 +154,12 @@ func writeError(w http.ResponseWriter, code int, key, description string) {
 
 func failure(err error, code int, key string) error {
 	return apiresponses.NewFailureResponseBuilder(err, code, key).WithErrorKey(key).Build()
+}
+
+// conflict is a 409 that says what conflicts: the spec expects "{}" and
+// allows a description, which the library's own 409s leave out.
+func conflict(format string, args ...any) error {
+	return apiresponses.NewFailureResponseBuilder(fmt.Errorf(format, args...), http.StatusConflict, "conflict").Build()
 }
 
 var (
@@ -310,6 +340,9 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 	if err != nil {
 		return domain.ProvisionedServiceSpec{}, err
 	}
+	if err := checkMaintenanceInfo(d.MaintenanceInfo); err != nil {
+		return domain.ProvisionedServiceSpec{}, err
+	}
 	want := brokerv1.ServiceInstanceSpec{Class: class, Plan: plan}
 	if len(d.RawParameters) > 0 && string(d.RawParameters) != "null" {
 		want.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
@@ -331,13 +364,13 @@ func (b *Broker) Provision(ctx context.Context, id string, d domain.ProvisionDet
 	existing, err := b.getInstance(ctx, id)
 	if apierrors.IsNotFound(err) {
 		// Another id's order holds the name (see ObjectName), or it just went.
-		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+		return domain.ProvisionedServiceSpec{}, conflict("another service instance holds the name of %s; retry, or use another id", id)
 	}
 	if err != nil {
 		return domain.ProvisionedServiceSpec{}, fmt.Errorf("reading the existing order: %w", err)
 	}
 	if !sameOrder(&existing.Spec, &want) {
-		return domain.ProvisionedServiceSpec{}, apiresponses.ErrInstanceAlreadyExists
+		return domain.ProvisionedServiceSpec{}, conflict("service instance %s exists with another service, plan or parameters", id)
 	}
 	switch {
 	case existing.DeletionTimestamp != nil:
@@ -446,6 +479,9 @@ func (b *Broker) Update(ctx context.Context, id string, d domain.UpdateDetails, 
 			return domain.UpdateServiceSpec{}, errBadParams(fmt.Errorf("service %s is not the service of instance %s", d.ServiceID, id))
 		}
 		want.Plan = plan
+	}
+	if err := checkMaintenanceInfo(d.MaintenanceInfo); err != nil {
+		return domain.UpdateServiceSpec{}, err
 	}
 	if len(d.RawParameters) > 0 && string(d.RawParameters) != "null" {
 		want.Parameters = &runtime.RawExtension{Raw: d.RawParameters}
@@ -599,7 +635,7 @@ func (b *Broker) Bind(ctx context.Context, id, bindingID string, d domain.BindDe
 	}
 	if !isFor(existing, bindingID) || existing.Spec.Instance != in.Name || !sameParameters(existing.Spec.Parameters, sb.Spec.Parameters) ||
 		(existing.Annotations[AnnotationPlanID] != "" && existing.Annotations[AnnotationPlanID] != d.PlanID) {
-		return domain.Binding{}, apiresponses.ErrBindingAlreadyExists
+		return domain.Binding{}, conflict("binding %s exists with another instance, plan or parameters", bindingID)
 	}
 	return domain.Binding{AlreadyExists: true, Credentials: creds}, nil
 }
