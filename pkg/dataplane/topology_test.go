@@ -274,9 +274,9 @@ type testNet struct {
 	netpol bool
 	// ulMTU is the MTU of mizar's underlay (0: underlayMTU).
 	ulMTU int
-	hosts  map[string]*testHost
-	pods   map[string]*testPod
-	order  []*testHost
+	hosts map[string]*testHost
+	pods  map[string]*testPod
+	order []*testHost
 }
 
 // gatewayMAC is what the pods' ARP for their gateway resolves to.

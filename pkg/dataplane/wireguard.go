@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/crypto/curve25519"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/conn"
@@ -97,6 +98,9 @@ type WireGuardPeer struct {
 type WireGuard struct {
 	dev *device.Device
 	tap *tapDevice
+
+	mu    sync.Mutex
+	peers map[WireGuardKey]WireGuardPeer // as configured
 }
 
 // StartWireGuard creates the TAP and the WireGuard device and opens its UDP
@@ -120,17 +124,65 @@ func StartWireGuard(o WireGuardOptions) (*WireGuard, error) {
 		dev.Close()
 		return nil, fmt.Errorf("starting WireGuard: %w", err)
 	}
-	return &WireGuard{dev: dev, tap: tap}, nil
+	return &WireGuard{dev: dev, tap: tap, peers: map[WireGuardKey]WireGuardPeer{}}, nil
 }
 
-// SetPeers replaces the peers with peers.
+// SetPeers makes peers the set of peers. Only what changed is written: a
+// peer kept keeps its session (a droplet's new key is a new peer, and the
+// old key's sessions end when it is removed).
 func (w *WireGuard) SetPeers(peers []WireGuardPeer) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	var b strings.Builder
-	b.WriteString("replace_peers=true\n")
+	want := map[WireGuardKey]WireGuardPeer{}
 	for _, p := range peers {
+		want[p.PublicKey] = p
+		if w.peers[p.PublicKey] == p {
+			continue
+		}
 		fmt.Fprintf(&b, "public_key=%s\nendpoint=%s\nreplace_allowed_ips=true\nallowed_ip=%s/32\n", p.PublicKey, p.Endpoint, p.IP)
 	}
-	return w.dev.IpcSet(b.String())
+	for k := range w.peers {
+		if _, ok := want[k]; !ok {
+			fmt.Fprintf(&b, "public_key=%s\nremove=true\n", k)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := w.dev.IpcSet(b.String()); err != nil {
+		return fmt.Errorf("configuring WireGuard peers: %w", err)
+	}
+	w.peers = want
+	return nil
+}
+
+// SetWireGuardNeighbours gives every droplet address the TAP's far side as
+// its neighbour, in the current network namespace: the underlay program's
+// FIB lookups (a relay's XDP_TX) find it at once, where ARP (answered too)
+// would cost the first packets.
+func SetWireGuardNeighbours(link string, ips []netip.Addr) error {
+	l, err := netlink.LinkByName(link)
+	if err != nil {
+		return err
+	}
+	for _, ip := range ips {
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: l.Attrs().Index, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: wgPeerMAC}); err != nil {
+			return fmt.Errorf("neighbour %s on %s: %w", ip, link, err)
+		}
+	}
+	return nil
+}
+
+// ParseWireGuardKey reads a key as String writes it (hex).
+func ParseWireGuardKey(s string) (WireGuardKey, error) {
+	var k WireGuardKey
+	b, err := hex.DecodeString(strings.TrimSpace(s))
+	if err != nil || len(b) != len(k) {
+		return k, fmt.Errorf("not a hex WireGuard key of %d bytes", len(k))
+	}
+	copy(k[:], b)
+	return k, nil
 }
 
 // MAC is the TAP's MAC (keep it: frames written to the TAP are addressed to it).

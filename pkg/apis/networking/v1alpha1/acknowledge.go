@@ -83,3 +83,12 @@ func (st *DividerStatus) AppliedResourceVersion(subnet string) string {
 	}
 	return ""
 }
+
+// A droplet in encrypted mode (the agent's --encryption=wireguard) publishes
+// its WireGuard public key (hex) and where its WireGuard listens on the
+// physical network (ip:port) in these annotations. The private key never
+// leaves the node.
+const (
+	DropletWireGuardKeyAnnotation      = "networking.mizar.dev/wireguard-public-key"
+	DropletWireGuardEndpointAnnotation = "networking.mizar.dev/wireguard-endpoint"
+)
