@@ -115,7 +115,8 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Encryption, "encryption", o.Encryption, "underlay encryption: empty (plain Geneve; trust is the droplets' addresses and, on one L2 segment, "+
 		"their MACs) or "+EncryptionWireGuard+" (droplets talk over WireGuard, userspace wireguard-go over a TAP; needs --wireguard-address; every node of the cluster must use it)")
 	fs.StringVar(&o.WireGuardAddress, "wireguard-address", o.WireGuardAddress, "with --encryption="+EncryptionWireGuard+": this droplet's address with prefix on the encrypted underlay "+
-		"(e.g. 100.96.0.5/16, one prefix for all droplets, not the physical network's); it becomes the Droplet's address")
+		"(e.g. 100.96.0.5/16, one prefix for all droplets, not the physical network's); it becomes the Droplet's address. A bare prefix "+
+		"(100.96.0.0/16, as the chart passes it) takes the host part of the node's physical address (172.18.0.5 -> 100.96.0.5)")
 	fs.IntVar(&o.WireGuardPort, "wireguard-port", o.WireGuardPort, "with --encryption="+EncryptionWireGuard+": WireGuard's UDP port on the physical underlay")
 	o.AddStateFlags(fs)
 }
@@ -236,7 +237,10 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	var wg *dataplane.WireGuard
 	var dropletAnnotations map[string]string
 	if o.Encryption == EncryptionWireGuard {
-		addr := netip.MustParsePrefix(o.WireGuardAddress) // validated
+		addr, err := wireGuardAddress(netip.MustParsePrefix(o.WireGuardAddress), u.HostIP.Addr()) // validated
+		if err != nil {
+			return err
+		}
 		if wg, dropletAnnotations, err = encryptedUnderlay(o.HostNetns, u, filepath.Join(o.StateDir, "wireguard.key"), o.WireGuardPort, addr); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -103,6 +104,25 @@ func encryptedUnderlay(hostNetns string, phys *Underlay, keyPath string, port in
 		v1alpha1.DropletWireGuardKeyAnnotation:      dataplane.PublicWireGuardKey(priv).String(),
 		v1alpha1.DropletWireGuardEndpointAnnotation: netip.AddrPortFrom(phys.HostIP.Addr(), uint16(port)).String(),
 	}, nil
+}
+
+// wireGuardAddress is --wireguard-address: as given, or for a bare prefix
+// (its network address) the prefix with the host part of the node's physical
+// address, so one chart value serves every node.
+func wireGuardAddress(given netip.Prefix, phys netip.Addr) (netip.Prefix, error) {
+	if given.Addr() != given.Masked().Addr() {
+		return given, nil
+	}
+	p, h := given.Addr().As4(), phys.As4()
+	pv, hv := binary.BigEndian.Uint32(p[:]), binary.BigEndian.Uint32(h[:])
+	mask := uint32(0xffffffff) << (32 - given.Bits())
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], pv&mask|hv&^mask)
+	addr := netip.AddrFrom4(out)
+	if addr == given.Addr() || hv&^mask == ^mask {
+		return netip.Prefix{}, fmt.Errorf("--wireguard-address %s: the host part of %s makes %s, the prefix's network or broadcast address: give this node's address", given, phys, addr)
+	}
+	return netip.PrefixFrom(addr, given.Bits()), nil
 }
 
 // syncWireGuardPeers makes every other droplet that publishes a key a peer,

@@ -74,6 +74,9 @@ etcd: {bundled: {persistence: pvc, storage: 5Gi, storageClassName: fast}}
 	"network-policy": `
 agent: {networkPolicy: true}
 `,
+	"encrypted": `
+agent: {encryption: {wireguard: true, prefix: 100.64.0.0/16}}
+`,
 	"emptydir-no-agent": `
 etcd: {bundled: {persistence: emptyDir, clientPort: 32379, peerPort: 32380, metricsPort: 32381}}
 agent: {enabled: false}
