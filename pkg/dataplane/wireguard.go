@@ -100,6 +100,7 @@ type WireGuard struct {
 	tap *tapDevice
 
 	mu    sync.Mutex
+	pub   WireGuardKey
 	peers map[WireGuardKey]WireGuardPeer // as configured
 }
 
@@ -124,7 +125,28 @@ func StartWireGuard(o WireGuardOptions) (*WireGuard, error) {
 		dev.Close()
 		return nil, fmt.Errorf("starting WireGuard: %w", err)
 	}
-	return &WireGuard{dev: dev, tap: tap, peers: map[WireGuardKey]WireGuardPeer{}}, nil
+	return &WireGuard{dev: dev, tap: tap, pub: PublicWireGuardKey(o.PrivateKey), peers: map[WireGuardKey]WireGuardPeer{}}, nil
+}
+
+// PublicKey is this node's current public key.
+func (w *WireGuard) PublicKey() WireGuardKey {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pub
+}
+
+// Rotate replaces this node's key. Sessions are made anew as the peers
+// learn the new public key (from the Droplet); packets meanwhile wait in
+// WireGuard's queue or are lost and retransmitted, so established
+// connections carry on.
+func (w *WireGuard) Rotate(private WireGuardKey) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.dev.IpcSet(fmt.Sprintf("private_key=%s\n", private)); err != nil {
+		return fmt.Errorf("rotating the WireGuard key: %w", err)
+	}
+	w.pub = PublicWireGuardKey(private)
+	return nil
 }
 
 // SetPeers makes peers the set of peers. Only what changed is written: a

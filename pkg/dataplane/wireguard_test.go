@@ -1,10 +1,15 @@
 package dataplane
 
 import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha256"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -49,7 +54,7 @@ func (tn *testNet) encrypt(tb testing.TB) map[*testHost]*WireGuard {
 			if o == h {
 				continue
 			}
-			peers = append(peers, WireGuardPeer{PublicKey: pubs[o], Endpoint: netip.AddrPortFrom(o.phys, wgPort), IP: o.ip})
+			peers = append(peers, wgPeer(o, pubs[o]))
 			// The neighbour a relay's XDP needs at once (the TAP's far
 			// side also answers ARP, for the pod side's first packets).
 			must(tb, h.ns.nl.NeighSet(&netlink.Neigh{LinkIndex: h.ulIndex, State: netlink.NUD_PERMANENT,
@@ -156,6 +161,84 @@ func TestEncryptedUnderlayRefusesStrangers(t *testing.T) {
 	})
 	if !injects(t, C, A, b.ip, b.mac, a, "mizar-wg-control-"+tn.sfx) {
 		t.Fatal("control: relay C's own frame through WireGuard did not reach a")
+	}
+}
+
+func wgPeer(h *testHost, pub WireGuardKey) WireGuardPeer {
+	return WireGuardPeer{PublicKey: pub, Endpoint: netip.AddrPortFrom(h.phys, wgPort), IP: h.ip}
+}
+
+// A key rotation keeps established connections: a TCP stream from a (on
+// A) to b (on B) runs while A takes a new key and B and C are told its new
+// public key (as the Droplet's annotation would tell their agents); every
+// byte arrives, and B no longer accepts A's old key.
+func TestEncryptedKeyRotationKeepsFlows(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B", "C"}, []podSpec{
+		{"a", "A", vpc1, "10.1.1.10/24"},
+		{"b", "B", vpc1, "10.1.1.20/24"},
+	})
+	tn.wireMode(t)
+	wgs := tn.encrypt(t)
+	tn.learn = -1
+	tn.mizarOneSubnet(t, true)
+	a, b := tn.pods["a"], tn.pods["b"]
+	A, B, C := tn.hosts["A"], tn.hosts["B"], tn.hosts["C"]
+	serveIdentity(t, b)
+	if out, ok := a.pingArgs(t, b.ip, 3, "-i", "0.05"); !ok {
+		t.Fatalf("a -> b before the rotation:\n%s", out)
+	}
+	old := wgs[A].PublicKey()
+
+	c, err := dialFrom(a, b.ip)
+	must(t, err)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	h := sha256.New()
+	chunk := make([]byte, 32<<10)
+	done := make(chan error, 1)
+	go func() {
+		for i := range 100 { // ~3 MB over ~2 s
+			_, _ = rand.Read(chunk)
+			h.Write(chunk)
+			if _, err := c.Write(chunk); err != nil {
+				done <- fmt.Errorf("write %d: %w", i, err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		done <- nil
+	}()
+	time.Sleep(500 * time.Millisecond)
+	priv, pub, err := NewWireGuardKey()
+	must(t, err)
+	must(t, wgs[A].Rotate(priv))
+	for _, o := range []*testHost{B, C} {
+		var peers []WireGuardPeer
+		for _, p := range tn.order {
+			if p != o {
+				peers = append(peers, wgPeer(p, wgs[p].PublicKey()))
+			}
+		}
+		must(t, wgs[o].SetPeers(peers))
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the stream broke across the rotation: %v", err)
+	}
+	must(t, c.(*net.TCPConn).CloseWrite())
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the stream's answer after the rotation: %v", err)
+	}
+	if want := fmt.Sprintf("b %x\n", h.Sum(nil)); line != want {
+		t.Fatalf("b hashed %q, want %q: bytes lost or changed across the rotation", line, want)
+	}
+	if wgs[A].PublicKey() != pub || pub == old {
+		t.Fatal("A's key did not change")
+	}
+	conf, err := wgs[B].dev.IpcGet()
+	must(t, err)
+	if strings.Contains(conf, "public_key="+old.String()) || !strings.Contains(conf, "public_key="+pub.String()) {
+		t.Fatalf("B's peers after the rotation:\n%s", conf)
 	}
 }
 
