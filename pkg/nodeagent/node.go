@@ -113,7 +113,7 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
 	fs.StringVar(&o.Encryption, "encryption", o.Encryption, "underlay encryption: empty (plain Geneve; trust is the droplets' addresses and, on one L2 segment, "+
-		"their MACs) or "+EncryptionWireGuard+" (droplets talk over WireGuard, userspace wireguard-go over a TAP; needs --wireguard-address; every node of the cluster must use it)")
+		"their MACs) or "+EncryptionWireGuard+" (droplets talk over WireGuard, userspace wireguard-go over a TAP; needs --wireguard-address; every node of the cluster must use it; SIGHUP gives the node a new key, published on its Droplet)")
 	fs.StringVar(&o.WireGuardAddress, "wireguard-address", o.WireGuardAddress, "with --encryption="+EncryptionWireGuard+": this droplet's address with prefix on the encrypted underlay "+
 		"(e.g. 100.96.0.5/16, one prefix for all droplets, not the physical network's); it becomes the Droplet's address. A bare prefix "+
 		"(100.96.0.0/16, as the chart passes it) takes the host part of the node's physical address (172.18.0.5 -> 100.96.0.5)")
@@ -296,6 +296,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- agent.Run(ctx) }()
+	if wg != nil {
+		go rotateOnSIGHUP(ctx, client, o.Droplet, wg, filepath.Join(o.StateDir, "wireguard.key"))
+	}
 	var policy *PolicyController
 	if o.NetworkPolicy {
 		if workload == nil {

@@ -1,19 +1,26 @@
 package nodeagent
 
 import (
+	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/dataplane"
+	"mizar.dev/pkg/generated/clientset/versioned"
 )
 
 // Encrypted mode (--encryption=wireguard): the droplets talk over WireGuard,
@@ -104,6 +111,52 @@ func encryptedUnderlay(hostNetns string, phys *Underlay, keyPath string, port in
 		v1alpha1.DropletWireGuardKeyAnnotation:      dataplane.PublicWireGuardKey(priv).String(),
 		v1alpha1.DropletWireGuardEndpointAnnotation: netip.AddrPortFrom(phys.HostIP.Addr(), uint16(port)).String(),
 	}, nil
+}
+
+// rotateOnSIGHUP gives this node a new WireGuard key on every SIGHUP
+// (rotateWireGuardKey) until ctx ends.
+func rotateOnSIGHUP(ctx context.Context, client versioned.Interface, droplet string, wg *dataplane.WireGuard, keyPath string) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+		if err := rotateWireGuardKey(ctx, client, droplet, wg, keyPath); err != nil {
+			klog.ErrorS(err, "Rotating the WireGuard key failed; the old key stays in use")
+			continue
+		}
+		klog.InfoS("Rotated the WireGuard key", "publicKey", wg.PublicKey())
+	}
+}
+
+// rotateWireGuardKey makes a new key, keeps it on disk, uses it, and
+// publishes its public key on the droplet: the other agents replace this
+// peer's key, and established connections carry on across the new
+// handshakes (dataplane.WireGuard.Rotate).
+func rotateWireGuardKey(ctx context.Context, client versioned.Interface, droplet string, wg *dataplane.WireGuard, keyPath string) error {
+	priv, pub, err := dataplane.NewWireGuardKey()
+	if err != nil {
+		return err
+	}
+	tmp := keyPath + ".new"
+	if err := os.WriteFile(tmp, []byte(priv.String()+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, keyPath); err != nil {
+		return err
+	}
+	if err := wg.Rotate(priv); err != nil {
+		return err
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.DropletWireGuardKeyAnnotation: pub.String()}}})
+	if _, err := client.NetworkingV1alpha1().Droplets().Patch(ctx, droplet, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("publishing the new public key on droplet %s: %w", droplet, err)
+	}
+	return nil
 }
 
 // wireGuardAddress is --wireguard-address: as given, or for a bare prefix

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -107,5 +108,36 @@ func TestEncryptedPodNetwork(t *testing.T) {
 	}
 	if err := ping(a, b.ip, 3); err != nil {
 		t.Errorf("a -> b after the stranger: %v", err)
+	}
+
+	// SIGHUP: n1 takes a new key and publishes it; n2's agent replaces
+	// the peer; a TCP stream from a to b runs across it.
+	published := func() string {
+		dr, err := api.Droplets().Get(ctx, n1.name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dr.Annotations[v1alpha1.DropletWireGuardKeyAnnotation]
+	}
+	old := published()
+	if err := tcpTransfer(a, b, 4<<20, 2*time.Second, func() {
+		if err := n1.agent.Signal(syscall.SIGHUP); err != nil {
+			t.Error(err)
+			return
+		}
+		c.waitFor("n1's new key published", 10*time.Second, func() error {
+			if k := published(); k == old {
+				return fmt.Errorf("still %s", k)
+			}
+			return nil
+		})
+	}); err != nil {
+		t.Errorf("a -> b across n1's key rotation: %v", err)
+	}
+	if key, err := os.ReadFile(n1.state + "/wireguard.key"); err != nil || string(key[:64]) == old {
+		t.Errorf("n1's key file after the rotation: %v", err)
+	}
+	if err := ping(b, a.ip, 3); err != nil {
+		t.Errorf("b -> a after the rotation: %v", err)
 	}
 }
