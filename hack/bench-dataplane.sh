@@ -16,7 +16,9 @@
 #                      learned (bounced first, then host to host), each with
 #                      the underlay program in native and in generic XDP mode
 #                      (mizar's mode on veth underlays), as ratios to plain
-#                      routing and to kernel VXLAN
+#                      routing and to kernel VXLAN; and mizar over the
+#                      encrypted underlay (userspace wireguard-go over a TAP,
+#                      the userspace figure, untuned) beside plain mode
 #   BenchmarkNetworkPolicy per-packet cost of the pod (remote and same-host)
 #                      and decapsulation paths with NetworkPolicy compiled in and
 #                      0, 10 and 1,000 policies selecting the pod, established and

@@ -215,9 +215,29 @@ type testHost struct {
 	mac     net.HardwareAddr
 	ulIndex int
 	dp      *Datapath
+	// Encrypted underlay (encrypt): mizar's underlay is the WireGuard TAP
+	// ul, ip and mac are its, phys the host's address on the segment, and
+	// hops carry no MAC (the TAP's far side answers for every droplet).
+	ul      string
+	routed  bool
+	phys    netip.Addr
+	physMAC net.HardwareAddr
 }
 
-func (h *testHost) hop() Hop { return Hop{IP: h.ip, MAC: h.mac} }
+func (h *testHost) hop() Hop {
+	if h.routed {
+		return h.routedHop()
+	}
+	return Hop{IP: h.ip, MAC: h.mac}
+}
+
+// ulName is the link mizar's underlay program runs on.
+func (h *testHost) ulName() string {
+	if h.ul != "" {
+		return h.ul
+	}
+	return "ul0"
+}
 
 // routedHop is h as a hop behind a router: no MAC, the FIB decides.
 func (h *testHost) routedHop() Hop { return Hop{IP: h.ip} }
@@ -252,9 +272,11 @@ type testNet struct {
 	xdpMode XDPMode
 	// netpol is Options.NetworkPolicy for loadMizar.
 	netpol bool
-	hosts  map[string]*testHost
-	pods   map[string]*testPod
-	order  []*testHost
+	// ulMTU is the MTU of mizar's underlay (0: underlayMTU).
+	ulMTU int
+	hosts map[string]*testHost
+	pods  map[string]*testPod
+	order []*testHost
 }
 
 // gatewayMAC is what the pods' ARP for their gateway resolves to.
@@ -463,15 +485,19 @@ func (tn *testNet) xdpTXToSwitch(tb testing.TB, host string) {
 // interface description, local endpoint, pod-side program.
 func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	tb.Helper()
+	ulMTU := tn.ulMTU
+	if ulMTU == 0 {
+		ulMTU = underlayMTU
+	}
 	h.ns.do(tb, func() error {
 		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn, XDPMode: tn.xdpMode,
-			UnderlayMTU: underlayMTU, NetworkPolicy: tn.netpol})
+			UnderlayMTU: ulMTU, NetworkPolicy: tn.netpol})
 		if err != nil {
 			return err
 		}
 		tb.Cleanup(func() { _ = dp.Close() })
 		h.dp = dp
-		return dp.AttachUnderlay("ul0")
+		return dp.AttachUnderlay(h.ulName())
 	})
 	// Every host of the test net is a droplet, as the agent would learn
 	// from the Droplets in the API, with their MACs when on h's segment.
@@ -513,7 +539,7 @@ func (tn *testNet) setRelays(tb testing.TB, vni uint32, relays ...*testHost) {
 func (tn *testNet) remoteEndpoint(tb testing.TB, h *testHost, p *testPod) {
 	tb.Helper()
 	var hostMAC net.HardwareAddr // behind a router: the FIB decides
-	if h.seg == p.host.seg {
+	if h.seg == p.host.seg && !p.host.routed {
 		hostMAC = p.host.mac
 	}
 	must(tb, h.dp.UpsertEndpoint(Endpoint{VNI: p.vni, IP: p.ip, MAC: p.mac, HostIP: p.host.ip, HostMAC: hostMAC}))

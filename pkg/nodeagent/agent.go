@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,9 +53,11 @@ type Agent struct {
 	client versioned.Interface
 	name   string
 	spec   v1alpha1.DropletSpec
-	dp     Dataplane
-	ack    time.Duration
-	onProv func(context.Context) error
+	// annotations the droplet publishes (its WireGuard key in encrypted mode)
+	annotations map[string]string
+	dp          Dataplane
+	ack         time.Duration
+	onProv      func(context.Context) error
 
 	endpointEvents atomic.Int64
 	otherEvents    atomic.Int64
@@ -82,7 +85,7 @@ func New(o Options) (*Agent, error) {
 	if o.AckInterval == 0 {
 		o.AckInterval = DefaultAckInterval
 	}
-	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, dp: o.Dataplane, ack: o.AckInterval, onProv: o.OnProvisioned, subs: map[string]*sub{}}, nil
+	return &Agent{client: o.Client, name: o.Droplet.Name, spec: o.Droplet.Spec, annotations: o.Droplet.Annotations, dp: o.Dataplane, ack: o.AckInterval, onProv: o.OnProvisioned, subs: map[string]*sub{}}, nil
 }
 
 // EndpointEvents is how many endpoint watch events the agent has received.
@@ -160,7 +163,7 @@ func (a *Agent) register(ctx context.Context) error {
 	// underlay IP (its own droplet's claim) before it could be AlreadyExists.
 	old, err := c.Get(ctx, a.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name}, Spec: a.spec}
+		d := &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: a.name, Annotations: a.annotations}, Spec: a.spec}
 		if _, err := c.Create(ctx, d, metav1.CreateOptions{}); err != nil {
 			if apierrors.IsNotFound(err) {
 				// Not the droplet: the resource itself, which the aggregator
@@ -174,10 +177,21 @@ func (a *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading droplet %s: %w", a.name, err)
 	}
-	if old.Spec == a.spec {
+	stale := false
+	for k, v := range a.annotations {
+		stale = stale || old.Annotations[k] != v
+	}
+	if old.Spec == a.spec && !stale {
 		return nil
 	}
 	old.Spec = a.spec
+	if stale {
+		old.Annotations = maps.Clone(old.Annotations)
+		if old.Annotations == nil {
+			old.Annotations = map[string]string{}
+		}
+		maps.Copy(old.Annotations, a.annotations)
+	}
 	if _, err := c.Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating droplet %s: %w", a.name, err)
 	}

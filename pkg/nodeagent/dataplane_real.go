@@ -39,6 +39,7 @@ type Datapath struct {
 	// l2 is the underlay's connected prefix: droplets inside it are reached
 	// by their MAC, the others through the FIB.
 	l2     netip.Prefix
+	wg     *dataplane.WireGuard // encrypted mode; nil: plain
 	hostIP netip.Addr
 
 	factory  informers.SharedInformerFactory
@@ -88,6 +89,9 @@ type DatapathOptions struct {
 	HostVPC string
 	// PodMTU is the pods' MTU, also the host device's.
 	PodMTU int
+	// WireGuard, in encrypted mode, is the underlay's far side: every
+	// other droplet becomes its peer (wireguard.go); droplets carry no MAC.
+	WireGuard *dataplane.WireGuard
 }
 
 // NewDatapath returns the real Dataplane; Attach starts it.
@@ -96,7 +100,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 	n := f.Networking().V1alpha1()
 	d := &Datapath{
 		dp: o.DP, pods: &DatapathPods{DP: o.DP, HostNetns: o.HostNetns}, droplet: o.Droplet, underlay: o.Underlay,
-		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f,
+		hostNS: o.HostNetns, l2: o.HostIP.Masked(), hostIP: o.HostIP.Addr(), factory: f, wg: o.WireGuard,
 		vpcs: n.Vpcs().Lister(), subnets: n.Subnets().Lister(), droplets: n.Droplets().Lister(),
 		bouncers: n.Bouncers().Lister(), dividers: n.Dividers().Lister(),
 		kick: make(chan struct{}, 1), hostVPC: o.HostVPC, podMTU: o.PodMTU,
@@ -107,7 +111,7 @@ func NewDatapath(o DatapathOptions) *Datapath {
 		// Status writes (every acknowledgement patches a droplet, bouncer
 		// or divider) change nothing the maps hold: only spec changes count.
 		UpdateFunc: func(old, cur any) {
-			if !equality.Semantic.DeepEqual(specOf(old), specOf(cur)) {
+			if !equality.Semantic.DeepEqual(specOf(old), specOf(cur)) || wireGuardChanged(old, cur) {
 				d.poke()
 			}
 		},
@@ -209,7 +213,7 @@ func (d *Datapath) dropletHop(dr *v1alpha1.Droplet) (dataplane.Hop, bool) {
 		return dataplane.Hop{}, false
 	}
 	h := dataplane.Hop{IP: ip}
-	if d.l2.Contains(ip) {
+	if d.wg == nil && d.l2.Contains(ip) { // encrypted: every droplet is behind the TAP's far side
 		h.MAC, _ = net.ParseMAC(dr.Spec.MAC)
 	}
 	return h, true
@@ -248,6 +252,11 @@ func (d *Datapath) syncTopology() error {
 	d.drops = d.drops[:0]
 	for ip := range seen {
 		d.drops = append(d.drops, ip)
+	}
+	if d.wg != nil {
+		if err := d.syncWireGuardPeers(drops); err != nil {
+			errs = append(errs, err)
+		}
 	}
 
 	relays := map[uint32][]netip.Addr{}
@@ -522,4 +531,20 @@ func specOf(o any) any {
 		return v.Spec
 	}
 	return o
+}
+
+// wireGuardChanged reports whether a droplet's published WireGuard key or
+// endpoint changed (a key rotation, a node's new physical address).
+func wireGuardChanged(old, cur any) bool {
+	was, ok1 := old.(*v1alpha1.Droplet)
+	now, ok2 := cur.(*v1alpha1.Droplet)
+	if !ok1 || !ok2 {
+		return false
+	}
+	for _, k := range []string{v1alpha1.DropletWireGuardKeyAnnotation, v1alpha1.DropletWireGuardEndpointAnnotation} {
+		if was.Annotations[k] != now.Annotations[k] {
+			return true
+		}
+	}
+	return false
 }

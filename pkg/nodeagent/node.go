@@ -64,6 +64,13 @@ type NodeOptions struct {
 	DaemonSet string
 	// CheckFlags validates the flags and returns without running.
 	CheckFlags bool
+	// Encryption is "" (plain Geneve on the underlay) or
+	// EncryptionWireGuard (wireguard.go); WireGuardAddress is then this
+	// droplet's address on the encrypted underlay, WireGuardPort where
+	// WireGuard listens on the physical one.
+	Encryption       string
+	WireGuardAddress string
+	WireGuardPort    int
 }
 
 // NewNodeOptions returns the defaults.
@@ -74,7 +81,7 @@ func NewNodeOptions() *NodeOptions {
 	}
 	return &NodeOptions{NodeName: node, CNIConflistName: ConflistName, CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
-		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval}
+		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval, WireGuardPort: DefaultWireGuardPort}
 }
 
 // AddFlags registers the options.
@@ -105,6 +112,12 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 		"the agent removes the conflist, plugin, BPF pins and state as it stops. Empty: never (restarts and upgrades keep everything either way)")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
+	fs.StringVar(&o.Encryption, "encryption", o.Encryption, "underlay encryption: empty (plain Geneve; trust is the droplets' addresses and, on one L2 segment, "+
+		"their MACs) or "+EncryptionWireGuard+" (droplets talk over WireGuard, userspace wireguard-go over a TAP; needs --wireguard-address; every node of the cluster must use it; SIGHUP gives the node a new key, published on its Droplet)")
+	fs.StringVar(&o.WireGuardAddress, "wireguard-address", o.WireGuardAddress, "with --encryption="+EncryptionWireGuard+": this droplet's address with prefix on the encrypted underlay "+
+		"(e.g. 100.96.0.5/16, one prefix for all droplets, not the physical network's); it becomes the Droplet's address. A bare prefix "+
+		"(100.96.0.0/16, as the chart passes it) takes the host part of the node's physical address (172.18.0.5 -> 100.96.0.5)")
+	fs.IntVar(&o.WireGuardPort, "wireguard-port", o.WireGuardPort, "with --encryption="+EncryptionWireGuard+": WireGuard's UDP port on the physical underlay")
 	o.AddStateFlags(fs)
 }
 
@@ -221,6 +234,21 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var wg *dataplane.WireGuard
+	var dropletAnnotations map[string]string
+	if o.Encryption == EncryptionWireGuard {
+		addr, err := wireGuardAddress(netip.MustParsePrefix(o.WireGuardAddress), u.HostIP.Addr()) // validated
+		if err != nil {
+			return err
+		}
+		if wg, dropletAnnotations, err = encryptedUnderlay(o.HostNetns, u, filepath.Join(o.StateDir, "wireguard.key"), o.WireGuardPort, addr); err != nil {
+			return err
+		}
+		defer wg.Close()
+		if u, err = FindUnderlay(o.HostNetns, WireGuardLink, addr.String(), ""); err != nil {
+			return err
+		}
+	}
 	if err := dataplane.MountBPFFS("/sys/fs/bpf"); err != nil {
 		return err
 	}
@@ -246,8 +274,8 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		return err
 	}
 	rdp := NewDatapath(DatapathOptions{Client: client, DP: dp, Droplet: o.Droplet, Underlay: u.Name, HostIP: u.HostIP, HostNetns: o.HostNetns,
-		HostVPC: o.HostVPC, PodMTU: podMTU})
-	agent, err := New(Options{Client: client, Dataplane: rdp, AckInterval: o.AckInterval, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet},
+		HostVPC: o.HostVPC, PodMTU: podMTU, WireGuard: wg})
+	agent, err := New(Options{Client: client, Dataplane: rdp, AckInterval: o.AckInterval, Droplet: &v1alpha1.Droplet{ObjectMeta: metav1.ObjectMeta{Name: o.Droplet, Annotations: dropletAnnotations},
 		Spec: v1alpha1.DropletSpec{Node: o.NodeName, IP: u.HostIP.Addr().String(), MAC: u.MAC.String(), Interface: u.Name}},
 		OnProvisioned: o.installConflist})
 	if err != nil {
@@ -268,6 +296,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 4)
 	go func() { errc <- agent.Run(ctx) }()
+	if wg != nil {
+		go rotateOnSIGHUP(ctx, client, o.Droplet, wg, filepath.Join(o.StateDir, "wireguard.key"))
+	}
 	var policy *PolicyController
 	if o.NetworkPolicy {
 		if workload == nil {
@@ -386,6 +417,18 @@ func (o *NodeOptions) Validate() error {
 		if _, err := net.ParseMAC(o.HostMAC); err != nil {
 			errs = append(errs, fmt.Errorf("--host-mac: %w", err))
 		}
+	}
+	switch o.Encryption {
+	case "":
+	case EncryptionWireGuard:
+		if _, err := netip.ParsePrefix(o.WireGuardAddress); err != nil {
+			errs = append(errs, fmt.Errorf("--encryption=%s needs --wireguard-address, an address with its prefix length: %w", EncryptionWireGuard, err))
+		}
+		if o.WireGuardPort <= 0 || o.WireGuardPort > 65535 {
+			errs = append(errs, fmt.Errorf("--wireguard-port %d is no UDP port", o.WireGuardPort))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--encryption: %q is neither empty nor %q", o.Encryption, EncryptionWireGuard))
 	}
 	if o.CNIConflist != "" && (o.CNIConfDir == "" || o.CNIConflistName == "" || strings.Contains(o.CNIConflistName, "/")) {
 		errs = append(errs, fmt.Errorf("--cni-conflist needs --cni-conf-dir and a plain --cni-conflist-name, got %q and %q", o.CNIConfDir, o.CNIConflistName))

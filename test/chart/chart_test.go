@@ -77,6 +77,9 @@ agent: {networkPolicy: true}
 	"broker-osb": `
 broker: {enabled: true, fulfillment: true, osb: {enabled: true, port: 9444, namespace: brokers}}
 `,
+	"encrypted": `
+agent: {encryption: {wireguard: true, prefix: 100.64.0.0/16}}
+`,
 	"emptydir-no-agent": `
 etcd: {bundled: {persistence: emptyDir, clientPort: 32379, peerPort: 32380, metricsPort: 32381}}
 agent: {enabled: false}

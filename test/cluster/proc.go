@@ -88,6 +88,14 @@ func (p *Proc) Stop() error {
 // ErrKilled says a process did not exit on SIGTERM in time and was killed.
 var ErrKilled = errors.New("killed")
 
+// Signal sends sig to the running process.
+func (p *Proc) Signal(sig os.Signal) error {
+	if p.Exited() {
+		return fmt.Errorf("%s has exited", p.Name)
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
 // Kill sends SIGKILL (no cleanup in the process) and waits for it to end.
 func (p *Proc) Kill() {
 	if p.Exited() {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,6 +205,12 @@ func udpExchange(t *testing.T, p, q *pod, count int, marker string) int {
 // received it.
 func injected(t *testing.T, c *podCluster, from, to *node, p *pod, vni uint32, src string, pMAC net.HardwareAddr, marker string) bool {
 	t.Helper()
+	return injectedTo(t, "/run/netns/"+from.ns, to.ip, p, vni, src, pMAC, marker)
+}
+
+// injectedTo is injected from the netns at fromNS to address dst.
+func injectedTo(t *testing.T, fromNS, dst string, p *pod, vni uint32, src string, pMAC net.HardwareAddr, marker string) bool {
+	t.Helper()
 	var rx *net.UDPConn
 	inNetns(t, p.path, func() (err error) {
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 9182})
@@ -219,14 +227,15 @@ func injected(t *testing.T, c *podCluster, from, to *node, p *pod, vni uint32, s
 		ip, udp, gopacket.Payload(marker)); err != nil {
 		t.Fatal(err)
 	}
-	inNetns(t, "/run/netns/"+from.ns, func() error {
-		conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(to.ip), Port: 6081})
+	inNetns(t, fromNS, func() error {
+		conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(dst), Port: 6081})
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
 		for i := 0; i < 3; i++ {
-			if _, err := conn.Write(buf.Bytes()); err != nil {
+			// Refused: a port unreachable came back for an earlier one.
+			if _, err := conn.Write(buf.Bytes()); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
 				return err
 			}
 		}
@@ -256,10 +265,15 @@ type capture struct {
 
 func startCapture(t *testing.T, pc *podCluster, n *node) *capture {
 	t.Helper()
+	return startCaptureOf(t, pc, n, "udp", "port", "6081", "and", "dst", "host", n.ip)
+}
+
+// startCaptureOf captures what tcpdump's filter selects on n's bridge port.
+func startCaptureOf(t *testing.T, pc *podCluster, n *node, filter ...string) *capture {
+	t.Helper()
 	c := &capture{file: filepath.Join(t.TempDir(), n.name+".pcap")}
 	port := pc.prefix + strings.TrimPrefix(n.name, pc.prefix+"-") // the bridge's end of the node's eth0
-	c.cmd = exec.Command("ip", "netns", "exec", pc.prefix+"-ul", "tcpdump", "-i", port, "-nn", "-U", "-s", "0", "-w", c.file,
-		"udp", "port", "6081", "and", "dst", "host", n.ip)
+	c.cmd = exec.Command("ip", append([]string{"netns", "exec", pc.prefix + "-ul", "tcpdump", "-i", port, "-nn", "-U", "-s", "0", "-w", c.file}, filter...)...)
 	stderr, err := c.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
@@ -23,69 +22,38 @@ import (
 // status.departures, and every agent forgets what it learned about that
 // address when the list grows (pkg/nodeagent, departures.go).
 
-// moves remembers endpoints whose spec.droplet changed, as they were before
-// the change, until their departure from the former droplet is recorded:
-// the informer's update event is the only place the former droplet is seen.
-type moves struct {
-	mu   sync.Mutex
-	from map[string]*v1alpha1.Endpoint // endpoint key -> before its first unrecorded move
-}
-
-func (m *moves) note(key string, was *v1alpha1.Endpoint) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.from == nil {
-		m.from = map[string]*v1alpha1.Endpoint{}
+// listMove lists the departures of a moved endpoint from the droplets it
+// left (v1alpha1.EndpointDepartedFromAnnotation, written by the API server
+// with the move) once every relay of its subnet and VPC has applied the
+// move, and clears the annotation. Listed earlier, a host that forgot what it
+// learned could learn the former host again from a relay that still sent
+// there. It returns the relays still to apply it (the endpoint waits for
+// them) and whether it wrote the endpoint (its watch event brings it back).
+func (o *EndpointOperator) listMove(ctx context.Context, key string, ep *v1alpha1.Endpoint, droplet *v1alpha1.Droplet) ([]string, bool, error) {
+	from := v1alpha1.DepartedFrom(ep.Annotations)
+	if len(from) == 0 {
+		return nil, false, nil
 	}
-	if _, ok := m.from[key]; !ok {
-		m.from[key] = was // moved twice before recorded: the first host is what others learned
+	// Relays only (the host is not asked), and only those that can still
+	// answer: the deleting rule of notApplied.
+	if w := o.notApplied(ep, droplet, true, true); len(w.agents) > 0 {
+		return w.agents, false, nil
 	}
-}
-
-func (m *moves) pending(key string) *v1alpha1.Endpoint {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.from[key]
-}
-
-func (m *moves) done(key string, was *v1alpha1.Endpoint) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.from[key] == was {
-		delete(m.from, key)
-	}
-}
-
-// watchMoves queues a move for recordMove.
-func (o *EndpointOperator) watchMoves() error {
-	_, err := o.endpoints.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(old, cur any) {
-			was, ep := old.(*v1alpha1.Endpoint), cur.(*v1alpha1.Endpoint)
-			if was.Spec.Droplet != "" && was.Spec.Droplet != ep.Spec.Droplet {
-				if key, err := cache.MetaNamespaceKeyFunc(ep); err == nil {
-					o.moved.note(key, was)
-					o.loop.Queue.Add(key)
-				}
-			}
-		},
-	})
-	return err
-}
-
-// recordMove records the departure of a moved endpoint (now cur; nil once
-// gone) from its former droplet, once.
-func (o *EndpointOperator) recordMove(ctx context.Context, key string, cur *v1alpha1.Endpoint) error {
-	was := o.moved.pending(key)
-	if was == nil {
-		return nil
-	}
-	if cur == nil || cur.Spec.Droplet != was.Spec.Droplet { // not moved back before this ran
-		if err := o.recordDeparture(ctx, key, was, was.Spec.Droplet); err != nil {
-			return err
+	for _, d := range from {
+		if d == ep.Spec.Droplet {
+			continue // moved back before it was listed: learners are right about it
+		}
+		if err := o.recordDeparture(ctx, key, ep, d); err != nil {
+			return nil, false, err
 		}
 	}
-	o.moved.done(key, was)
-	return nil
+	ep = ep.DeepCopy()
+	ep.Annotations[v1alpha1.EndpointDepartedFromAnnotation] = "" // the server's way to clear it
+	if _, err := o.client.NetworkingV1alpha1().Endpoints(ep.Namespace).Update(ctx, ep, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		// A conflict: moved again meanwhile; the next try lists that too.
+		return nil, false, fmt.Errorf("clearing the listed departures: %w", err)
+	}
+	return nil, true, nil
 }
 
 // recordDeparture appends "ep left droplet" to its subnet's departures and

@@ -15,6 +15,7 @@ package endpoint
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,7 +57,6 @@ type EndpointOperator struct {
 	dividers   cache.SharedIndexInformer
 	loop       *reconcile.Loop
 	waits      *waiters
-	moved      moves
 	departures *departureLog
 
 	// Events about endpoints stuck waiting (stuck.go); nil: none.
@@ -112,9 +112,6 @@ func New(client versioned.Interface, f informers.SharedInformerFactory) (*Endpoi
 		}
 	}
 	if _, err := o.endpoints.AddEventHandler(o.loop.Handler()); err != nil {
-		return nil, err
-	}
-	if err := o.watchMoves(); err != nil {
 		return nil, err
 	}
 	if _, err := o.bouncers.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -273,9 +270,6 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 	obj, ok, err := o.endpoints.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
 		o.waits.forget(key)
-		if err == nil {
-			err = o.recordMove(ctx, key, nil) // moved, then gone before this ran
-		}
 		return err
 	}
 	ep := obj.(*v1alpha1.Endpoint)
@@ -285,9 +279,6 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		return err
 	}
 	hostGone := droplet == nil || droplet.DeletionTimestamp != nil
-	if err := o.recordMove(ctx, key, ep); err != nil {
-		return err
-	}
 
 	if ep.DeletionTimestamp != nil {
 		if !reconcile.HasFinalizer(ep) {
@@ -302,9 +293,12 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 		o.waits.forget(key)
 		// Hosts that only learned where it lives forget it now that no
-		// relay vouches for it any more (departure.go).
-		if err := o.recordDeparture(ctx, key, ep, ep.Spec.Droplet); err != nil {
-			return err
+		// relay vouches for it any more (departure.go), and where it lived
+		// before a move not listed yet.
+		for _, d := range append(v1alpha1.DepartedFrom(ep.Annotations), ep.Spec.Droplet) {
+			if err := o.recordDeparture(ctx, key, ep, d); err != nil {
+				return err
+			}
 		}
 		ep = ep.DeepCopy()
 		ep.Finalizers = reconcile.WithoutFinalizer(ep)
@@ -323,6 +317,11 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 			return fmt.Errorf("adding the finalizer: %w", err)
 		}
 		return nil // its watch event queues the endpoint again
+	}
+
+	moveWait, wrote, err := o.listMove(ctx, key, ep, droplet)
+	if err != nil || wrote {
+		return err
 	}
 
 	st := ep.Status.DeepCopy()
@@ -366,6 +365,11 @@ func (o *EndpointOperator) Reconcile(ctx context.Context, key string) error {
 		}
 	}
 	if reconcile.SameProvisioning(&ep.Status.ProvisioningStatus, &st.ProvisioningStatus) {
+		for _, a := range moveWait {
+			if !slices.Contains(waitFor.agents, a) {
+				waitFor.agents = append(waitFor.agents, a)
+			}
+		}
 		o.await(key, ep, waitFor)
 		return nil
 	}

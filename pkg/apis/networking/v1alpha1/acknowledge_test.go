@@ -1,35 +1,35 @@
 package v1alpha1
 
 import (
+	"maps"
 	"testing"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-func TestAwaitsAcknowledgement(t *testing.T) {
-	now := metav1.Now()
+func TestRecordDeparture(t *testing.T) {
+	const k = EndpointDepartedFromAnnotation
 	for _, c := range []struct {
-		name       string
-		finalizers []string
-		deleting   bool
-		phase      Phase
-		want       bool
+		name     string
+		was, now map[string]string
+		from     string
+		want     map[string]string
 	}{
-		{"new, not yet followed by the operator", nil, false, "", false},
-		{"followed, no phase yet", []string{OperatorFinalizer}, false, "", true},
-		{"followed, Init", []string{OperatorFinalizer}, false, PhaseInit, true},
-		{"Failed: it may recover once its droplet is back", []string{OperatorFinalizer}, false, PhaseFailed, true},
-		{"Provisioned", []string{OperatorFinalizer}, false, PhaseProvisioned, false},
-		{"Provisioned and being deleted", []string{"other", OperatorFinalizer}, true, PhaseProvisioned, true},
-		{"finalizer gone: the final delete", []string{"other"}, true, PhaseProvisioned, false},
+		{"no move, nothing recorded", nil, map[string]string{"a": "1"}, "", map[string]string{"a": "1"}},
+		{"a move is recorded", nil, nil, "d1", map[string]string{k: "d1"}},
+		{"a second move adds", map[string]string{k: "d1"}, map[string]string{k: "d1"}, "d2", map[string]string{k: "d1,d2"}},
+		{"the same droplet once", map[string]string{k: "d1,d2"}, nil, "d1", map[string]string{k: "d1,d2"}},
+		{"dropped by a client: kept", map[string]string{k: "d1"}, map[string]string{"a": "1"}, "", map[string]string{k: "d1", "a": "1"}},
+		{"forged by a client: ignored", map[string]string{k: "d1"}, map[string]string{k: "evil"}, "", map[string]string{k: "d1"}},
+		{"forged on a fresh object: ignored", nil, map[string]string{k: "evil"}, "", map[string]string{}},
+		{"cleared with an empty value", map[string]string{k: "d1"}, map[string]string{k: ""}, "", map[string]string{}},
+		{"cleared and moved in one update", map[string]string{k: "d1"}, map[string]string{k: ""}, "d3", map[string]string{k: "d3"}},
 	} {
-		ep := &Endpoint{ObjectMeta: metav1.ObjectMeta{Finalizers: c.finalizers}}
-		ep.Status.Phase = c.phase
-		if c.deleting {
-			ep.DeletionTimestamp = &now
+		before := maps.Clone(c.now)
+		got := RecordDeparture(c.was, c.now, c.from)
+		if len(got) != len(c.want) || !maps.Equal(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
-		if got := ep.AwaitsAcknowledgement(); got != c.want {
-			t.Errorf("%s: AwaitsAcknowledgement() = %v, want %v", c.name, got, c.want)
+		if !maps.Equal(before, c.now) {
+			t.Errorf("%s: the update's own map changed to %v", c.name, c.now)
 		}
 	}
 }

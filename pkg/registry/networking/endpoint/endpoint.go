@@ -63,5 +63,6 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, store
 		// running it).
 		main.CreateStrategy = lifecycle.WithOperatorFinalizer(main.CreateStrategy)
 	}
+	main.UpdateStrategy = recordMoves{main.UpdateStrategy}
 	return main, status, nil
 }
