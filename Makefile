@@ -107,7 +107,7 @@ bench-aggregated: kube-binaries build
 
 # The in-process server's klog lines are filtered out so the benchmark lines stand alone.
 bench-apiserver:
-	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 10s -timeout 10m 2>&1 | grep -Ev '^[IWE][0-9]{4} '
+	$(GO) test ./test/bench -run '^$$' -bench . -benchtime 10s -timeout 30m 2>&1 | grep -Ev '^[IWE][0-9]{4} '
 
 # The issue's full scale of test/e2e TestReplayingWatchesKeepMemoryBounded: 1,000 replaying
 # watches from droplets on 20,000 endpoints (make test runs 200 on 2,000).
