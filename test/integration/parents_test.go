@@ -140,7 +140,9 @@ func TestParentDeleteRacesChildCreate(t *testing.T) {
 			}
 			errs := fixtures.Race(2, func(j int) error {
 				// A class's delete lists its orders first (a consistent read,
-				// tens of ms): the orders' creates are held back 0-195 ms.
+				// tens of ms): the orders' creates are held back 0-195 ms, so
+				// that some land before it and some after (on a quiet machine
+				// about a third of them after; a busy one skews the mix).
 				if j == 1 {
 					time.Sleep(time.Duration(i%40) * 5 * time.Millisecond)
 				}
