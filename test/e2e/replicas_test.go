@@ -69,8 +69,8 @@ func stormReplicas(ctx context.Context, clients []versioned.Interface, workers i
 // running the operators (the leader) serves its own clients' creates nearly
 // as fast as the other: under an endpoint create storm through both, its
 // create p99 is within MIZAR_REPLICA_P99_RATIO (3) times the other's. The
-// issue asks for 2x; measured on 2 busy cores: 1.6x and 2.0x (p99 1.5 s vs
-// 0.96 s, 0.99 s vs 0.49 s), after creates that lose an allocated value to
+// issue asks for 2x; measured on 2 busy cores: 1.6x, 2.0x and 2.1x (p99
+// 1.5 s vs 0.96 s, 0.99 vs 0.49 s, 1.07 vs 0.51 s), after creates that lose an allocated value to
 // the other replica look elsewhere in the range. Before: 2.9 s vs 0.50 s
 // (5.7x); the issue saw 4-16x. The leader still
 // answers fewer creates (16-24/s against 40-61/s): it also writes every
