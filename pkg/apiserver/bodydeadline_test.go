@@ -23,18 +23,46 @@ import (
 )
 
 // TestSlowBodiesHoldNoSlot: one droplet identity trickling request bodies
-// cannot take the write slots of the others. Scaled down from the 250
-// bodies against 200 slots to 25 against 10 (--max-mutating-requests-inflight),
-// with a 2 s body timeout instead of 10 s: before, the slow bodies held every
-// slot until the request timeout and every other droplet's create got 429.
+// cannot take the write slots of the others: bodies are read before a request
+// takes a slot. Each case sends slow bodies from one droplet, one byte then
+// nothing, while other droplets create: none of those gets a 429, and each is
+// answered before the slow bodies' timeout (it waited for no slot to free).
+// The scale is 250 slow bodies against the default 200 mutating
+// slots; before, they held every slot until the 60 s request timeout and every
+// other droplet's create got 429.
 func TestSlowBodiesHoldNoSlot(t *testing.T) {
-	const slots, slow, fast = 10, 25, 8
-	// Max-in-flight, not priority and fairness: its one pool of mutating slots
-	// is what slow bodies used to fill (priority and fairness queues each
-	// droplet apart, TestPriorityAndFairness).
-	s := apiservertest.Start(t, t.TempDir(), fmt.Sprintf("--max-mutating-requests-inflight=%d", slots), "--request-body-timeout=2s",
-		"--enable-priority-and-fairness=false")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	for _, tc := range []struct {
+		name    string
+		slow    int
+		timeout time.Duration
+		flags   []string
+	}{
+		// Max-in-flight, not priority and fairness: its one pool of mutating
+		// slots is what slow bodies used to fill.
+		{"max-in-flight, 25 bodies over 10 slots", 25, 2 * time.Second,
+			[]string{"--max-mutating-requests-inflight=10", "--enable-priority-and-fairness=false"}},
+		{"max-in-flight, 250 bodies over 200 slots", 250, 5 * time.Second,
+			[]string{"--max-mutating-requests-inflight=200", "--enable-priority-and-fairness=false"}},
+		// The defaults: priority and fairness (115 seats for node writes), 10 s.
+		{"defaults, 250 bodies", 250, DefaultRequestBodyTimeout, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags := tc.flags
+			if tc.timeout != DefaultRequestBodyTimeout {
+				flags = append(flags, fmt.Sprintf("--request-body-timeout=%v", tc.timeout))
+			}
+			slowBodies(t, tc.slow, tc.timeout, flags...)
+		})
+	}
+}
+
+// DefaultRequestBodyTimeout is the server's, as the test sees it.
+const DefaultRequestBodyTimeout = apiserver.DefaultRequestBodyTimeout
+
+func slowBodies(t *testing.T, slow int, timeout time.Duration, flags ...string) {
+	const fast = 8
+	s := apiservertest.Start(t, t.TempDir(), flags...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute+3*timeout)
 	defer cancel()
 
 	slowCfg := dropletConfig(t, s.DataDir, "slowpoke")
@@ -107,7 +135,12 @@ func TestSlowBodiesHoldNoSlot(t *testing.T) {
 			t.Errorf("droplet busy-%d: %v", i, err)
 		}
 	}
-	t.Logf("creates of other droplets while %d bodies trickled into %d slots: %v", slow, slots, took)
+	t.Logf("creates of other droplets while %d bodies trickled: %v", slow, took)
+	for i, d := range took {
+		if d >= timeout {
+			t.Errorf("droplet busy-%d's create took %v, not under the slow bodies' timeout %v: it waited for a slot", i, d, timeout)
+		}
+	}
 
 	// The slow requests end with 408 once their body is overdue.
 	for range slow {

@@ -120,7 +120,7 @@ func (c *Config) New() (*Server, error) {
 		go registry.RepairLoop(ctx, repairers, period)
 		return nil
 	})
-	brokerGroup, err := brokerrest.StorageProvider{Scheme: Scheme, Codecs: Codecs}.NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
+	brokerGroup, err := brokerrest.StorageProvider{Scheme: Scheme, Codecs: Codecs, Claims: c.Claims}.NewAPIGroupInfo(c.Generic.RESTOptionsGetter)
 	if err != nil {
 		return nil, fmt.Errorf("broker.mizar.dev storage: %w", err)
 	}

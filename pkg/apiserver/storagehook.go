@@ -105,6 +105,16 @@ func (s *claimWritingStorage) Create(ctx context.Context, key string, obj, out r
 	return s.writer.Create(ctx, key, obj, out, ttl)
 }
 
+// Delete of a delete guarded by what it listed (claim.DeleteGuard) goes to
+// writer, whose client checks the guard in the delete's transaction.
+func (s *claimWritingStorage) Delete(ctx context.Context, key string, out runtime.Object, preconditions *storage.Preconditions,
+	validateDeletion storage.ValidateObjectFunc, cachedExistingObject runtime.Object, opts storage.DeleteOptions) error {
+	if !claim.HasDeleteGuard(ctx) {
+		return s.Interface.Delete(ctx, key, out, preconditions, validateDeletion, cachedExistingObject, opts)
+	}
+	return s.writer.Delete(ctx, key, out, preconditions, validateDeletion, cachedExistingObject, opts)
+}
+
 // GuaranteedUpdate of an apply that may create the object goes to writer,
 // starting (as the watch cache's own GuaranteedUpdate does) from the cached
 // object when there is one.

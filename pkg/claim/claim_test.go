@@ -312,3 +312,32 @@ func BenchmarkIndex(b *testing.B) {
 		})
 	}
 }
+
+// TestNextFromLooksAboveStart: NextFrom takes the lowest free value at or
+// above its start, across index words, and wraps to the lowest free one
+// below it once nothing above is free.
+func TestNextFromLooksAboveStart(t *testing.T) {
+	s := newStores(t, 1)[0]
+	ctx := context.Background()
+	wide := Range{Prefix: "w/", Lo: 0, Hi: 199, Format: func(v uint32) string { return fmt.Sprint(v) },
+		Parse: func(str string) (uint32, bool) {
+			var v uint32
+			_, err := fmt.Sscan(str, &v)
+			return v, err == nil
+		}}
+	var got []uint32
+	for _, start := range []uint32{70, 70, 63, 199, 199, 0} {
+		v, err := s.NextFrom(ctx, wide, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, v)
+	}
+	// 199 is taken by the fourth call: the fifth wraps to the lowest free value.
+	if fmt.Sprint(got) != "[70 71 63 199 0 1]" {
+		t.Fatalf("NextFrom gave %v, want [70 71 63 199 0 1]", got)
+	}
+	if v, err := s.Next(ctx, wide); err != nil || v != 2 {
+		t.Fatalf("Next after NextFrom: %d, %v; want 2", v, err)
+	}
+}

@@ -47,6 +47,19 @@ func (s *Store) Next(ctx context.Context, r Range) (uint32, error) {
 	return 0, ErrExhausted
 }
 
+// NextFrom is Next, but takes the lowest free value at or above start
+// (wrapping around to the lowest free one below it): creates that lost a
+// value to another replica's create look apart from it, instead of all
+// trying the same lowest values again.
+func (s *Store) NextFrom(ctx context.Context, r Range, start uint32) (uint32, error) {
+	p := s.pools.get(r)
+	v, ok, err := p.nextFrom(ctx, s, start)
+	if err != nil || ok {
+		return v, err
+	}
+	return s.Next(ctx, r)
+}
+
 // pools are the in-memory indexes of ranges, by prefix.
 type pools struct {
 	mu sync.Mutex
@@ -160,6 +173,41 @@ func (p *pool) next(ctx context.Context, s *Store) (uint32, bool, error) {
 		p.hint = w
 		v := p.r.Lo + w*64 + uint32(bits.TrailingZeros64(^used))
 		if v > p.r.Hi || v < p.r.Lo {
+			break
+		}
+		p.mark(v)
+		return v, true, nil
+	}
+	return 0, false, nil
+}
+
+// nextFrom marks the lowest free value at or above start used and returns it;
+// false when there is none up to the range's end.
+func (p *pool) nextFrom(ctx context.Context, s *Store, start uint32) (uint32, bool, error) {
+	p.mu.Lock()
+	loaded := p.loaded
+	p.mu.Unlock()
+	if !loaded {
+		if err := p.load(ctx, s); err != nil {
+			return 0, false, fmt.Errorf("loading the index of %s: %w", p.r.Prefix, err)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if start < p.r.Lo || start > p.r.Hi {
+		return 0, false, nil
+	}
+	o := start - p.r.Lo
+	for w := o / 64; w <= (p.r.Hi-p.r.Lo)/64; w++ {
+		used := p.words[w]
+		if w == o/64 {
+			used |= 1<<(o%64) - 1 // the values below start are not looked at
+		}
+		if used == ^uint64(0) {
+			continue
+		}
+		v := p.r.Lo + w*64 + uint32(bits.TrailingZeros64(^used))
+		if v > p.r.Hi {
 			break
 		}
 		p.mark(v)

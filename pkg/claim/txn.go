@@ -118,10 +118,64 @@ type claimingKV struct {
 
 func (k *claimingKV) OptimisticPut(ctx context.Context, key string, value []byte, expectedRevision int64, opts kubernetes.PutOptions) (kubernetes.PutResponse, error) {
 	p := PendingFrom(ctx)
-	if expectedRevision != 0 || p == nil || len(p.Keys) == 0 {
+	if expectedRevision != 0 || p == nil || len(p.Keys) == 0 && len(p.Unchanged) == 0 {
 		return k.Interface.OptimisticPut(ctx, key, value, expectedRevision, opts)
 	}
 	return k.store.create(ctx, k.kv, p, key, value, opts)
+}
+
+// DeleteGuard makes a delete depend on what a check of its dependants read:
+// the object is deleted only if no key under Prefix (absolute, see
+// Store.ObjectKey) was created after Rev, the revision the check listed them
+// at. Dependants created later depend on the object as they read it
+// (Pending.Unchanged), so of a delete and a dependant's create at most one is
+// written, whichever way they interleave.
+type DeleteGuard struct {
+	Prefix string
+	Rev    int64
+}
+
+type deleteGuardKey struct{}
+
+// WithDeleteGuard returns ctx carrying g to the storage that writes the delete.
+func WithDeleteGuard(ctx context.Context, g DeleteGuard) context.Context {
+	return context.WithValue(ctx, deleteGuardKey{}, g)
+}
+
+// HasDeleteGuard reports whether ctx carries a DeleteGuard.
+func HasDeleteGuard(ctx context.Context) bool {
+	_, ok := ctx.Value(deleteGuardKey{}).(DeleteGuard)
+	return ok
+}
+
+// OptimisticDelete deletes as etcd's Kubernetes client does, and, when ctx
+// carries a DeleteGuard, only if the guard holds: when the object is unchanged
+// but a dependant was created since the guard's revision, it answers a
+// *ConflictError (GuardChanged) and deletes nothing.
+func (k *claimingKV) OptimisticDelete(ctx context.Context, key string, expectedRevision int64, opts kubernetes.DeleteOptions) (kubernetes.DeleteResponse, error) {
+	g, ok := ctx.Value(deleteGuardKey{}).(DeleteGuard)
+	if !ok {
+		return k.Interface.OptimisticDelete(ctx, key, expectedRevision, opts)
+	}
+	resp, err := k.kv.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(key), "=", expectedRevision),
+		clientv3.Compare(clientv3.CreateRevision(g.Prefix), "<", g.Rev+1).WithPrefix(),
+	).Then(clientv3.OpDelete(key)).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return kubernetes.DeleteResponse{}, err
+	}
+	out := kubernetes.DeleteResponse{Succeeded: resp.Succeeded, Revision: resp.Header.Revision}
+	if resp.Succeeded {
+		return out, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 1 && kvs[0].ModRevision == expectedRevision {
+		return out, &ConflictError{GuardChanged: true}
+	}
+	if opts.GetOnFailure && len(kvs) == 1 {
+		out.KV = kvs[0]
+	}
+	return out, nil
 }
 
 // create writes the object under key together with p's claims, if the object

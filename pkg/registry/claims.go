@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -112,7 +113,15 @@ func (r *Reserver[T]) Allocate(ctx context.Context, rng claim.Range, extra []Key
 	if c == nil {
 		return 0, errors.New("registry: Allocate is for creates only")
 	}
-	v, err := r.Claims.Next(ctx, rng)
+	var v uint32
+	var err error
+	if lost := lostFrom(ctx); lost != nil && *lost > 0 {
+		// An earlier try lost its value to another create, likely another
+		// replica's taking the same lowest values: look elsewhere.
+		v, err = r.Claims.NextFrom(ctx, rng, rng.Lo+rand.Uint32N(rng.Hi-rng.Lo+1))
+	} else {
+		v, err = r.Claims.Next(ctx, rng)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -128,7 +137,11 @@ func (r *Reserver[T]) Allocate(ctx context.Context, rng claim.Range, extra []Key
 				}
 			}
 			if len(others) == 0 {
-				return false, nil, nil // the value went to another create: the next try takes the next one
+				// The value went to another create: the next try takes another one.
+				if lost := lostFrom(ctx); lost != nil {
+					*lost++
+				}
+				return false, nil, nil
 			}
 			errs, err := r.Resolve(ctx, others, conflict)
 			return true, errs, err
@@ -171,6 +184,15 @@ func (r *Reserver[T]) SeenBefore(ctx context.Context, store *genericregistry.Sto
 }
 
 type seenKey struct{}
+
+type lostKey struct{}
+
+// lostFrom counts the tries of one create whose allocated value another
+// create got first.
+func lostFrom(ctx context.Context) *int {
+	n, _ := ctx.Value(lostKey{}).(*int)
+	return n
+}
 
 // seenFrom is the set of parents the tries of one create have found.
 func seenFrom(ctx context.Context) map[string]bool {
@@ -471,7 +493,7 @@ func (c *createClaims) settle(err error) {
 func (k *Kind[T, S, St]) createWithClaims(gk schema.GroupKind) func(context.Context, func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
 	return func(ctx context.Context, create func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
 		tries, changed := 0, 0
-		ctx = context.WithValue(ctx, seenKey{}, map[string]bool{})
+		ctx = context.WithValue(context.WithValue(ctx, seenKey{}, map[string]bool{}), lostKey{}, new(int))
 		for {
 			c := &createClaims{store: k.Claims.Store}
 			out, err := create(claim.WithPending(context.WithValue(ctx, createClaimsKey{}, c), &c.Pending))

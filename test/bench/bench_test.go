@@ -81,7 +81,9 @@ func BenchmarkAPIServer(b *testing.B) {
 	b.Run("watch", func(b *testing.B) {
 		b.Run("all", func(b *testing.B) { e.benchWatch(b, false) })
 		b.Run("field-selector", func(b *testing.B) { e.benchWatch(b, true) })
+		b.Run("replay-memory", e.benchReplayMemory)
 	})
+	b.Run("replicas", benchReplicas)
 }
 
 // benchCreateDroplets creates Droplets: nothing allocated, one claim (the
@@ -476,7 +478,6 @@ func metaOf(ev watch.Event) (metav1.Object, error) {
 
 // reportLatencies reports p50 and p99 of both sides in milliseconds, and api/etcd ratios.
 func reportLatencies(b *testing.B, api, etcd []time.Duration) {
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	a50, a99 := percentile(api, 0.50), percentile(api, 0.99)
 	e50, e99 := percentile(etcd, 0.50), percentile(etcd, 0.99)
 	b.ReportMetric(ms(a50), "api-p50-ms")

@@ -69,19 +69,25 @@ func p99(d []time.Duration) time.Duration {
 }
 
 // TestReplayingWatchesKeepMemoryBounded: node agents replaying watches keep
-// the server's memory bounded and do not starve its admins. One droplet
-// replays, again and again, watches of a subnet it bounces (its slice: each
-// replay sends every endpoint of the subnet); another asks for the whole
-// collection and is refused. Scaled down from the issue's 1,000 watches on
-// 20k endpoints to MIZAR_REPLAY_WATCHERS (200) on MIZAR_REPLAY_ENDPOINTS
-// (2,000). Bounds are ratios to the same server idle: peak RSS under 2.4x
-// (before: 2.75x at this scale, 6 GB from 2.3 at the issue's), and admin
-// reads not starved (p99 under 10x the idle p99, or 3 s on a busy machine).
-// Before, standalone had no priority and fairness, and every replay ran at
-// once.
+// the server's memory bounded and do not starve its admins. Droplets replay,
+// again and again, watches of a subnet they bounce (their slice: each replay
+// sends every endpoint of the subnet); another droplet asks for the whole
+// collection and is refused. Bounds: peak RSS under 1.5x the same server's
+// idle RSS and admin reads under 1 s p99 (the issue's; 10x the idle p99 on a
+// machine so busy that the idle p99 is over 100 ms), and RSS a minute after
+// the watches close under 1.5x idle and not above the storm's peak (the issue
+// asks it to return; it stays 1.19-1.30x idle). At the issue's scale the admin
+// p99 is not met: 3.8 s (idle p99 18 ms) in the last full run. The scale is
+// MIZAR_REPLAY_WATCHERS watches (200) on MIZAR_REPLAY_ENDPOINTS endpoints
+// (2,000) from MIZAR_REPLAY_DROPLETS droplets (4); `make e2e-replay-watches`
+// runs the issue's 1,000 on 20,000 (several minutes on 2 cores). Before,
+// standalone had no priority and fairness and every replay ran at once: 300
+// watches on 20k endpoints took RSS from 2.3 to 6 GB, still growing after
+// they closed, and admin reads took 6-7 s.
 func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	endpoints := envInt(t, "MIZAR_REPLAY_ENDPOINTS", 2000)
 	watchers := envInt(t, "MIZAR_REPLAY_WATCHERS", 200)
+	droplets := envInt(t, "MIZAR_REPLAY_DROPLETS", 4)
 	const storm = 20 * time.Second
 	dir := t.TempDir()
 	s, err := startServer(filepath.Join(dir, "replay"))
@@ -96,11 +102,16 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	})
 	pid := s.cmd.Process.Pid
 	admin := clientFor(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Creating the endpoints takes most of it: ~1 min per 5,000 on 2 busy cores.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute+time.Duration(endpoints)*20*time.Millisecond)
 	defer cancel()
 	n := admin.NetworkingV1alpha1()
 	tag := unique("replay")
-	vpc, subnet, replayer, greedy := tag+"-vpc", tag+"-subnet", tag+"-replayer", tag+"-greedy"
+	vpc, subnet, greedy := tag+"-vpc", tag+"-subnet", tag+"-greedy"
+	replayers := make([]string, droplets)
+	for i := range replayers {
+		replayers[i] = fmt.Sprintf("%s-replayer-%d", tag, i)
+	}
 	must := func(_ any, err error) {
 		t.Helper()
 		if err != nil {
@@ -109,10 +120,12 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	}
 	must(n.Vpcs().Create(ctx, fixtures.Vpc(vpc, "10.0.0.0/8", 0), metav1.CreateOptions{}))
 	must(n.Subnets().Create(ctx, fixtures.Subnet(subnet, vpc, "10.64.0.0/16"), metav1.CreateOptions{}))
-	for i, d := range []string{"node-1", replayer, greedy} {
-		must(n.Droplets().Create(ctx, fixtures.Droplet(d, fmt.Sprintf("192.168.93.%d", i+1)), metav1.CreateOptions{}))
+	for i, d := range append([]string{"node-1", greedy}, replayers...) {
+		must(n.Droplets().Create(ctx, fixtures.Droplet(d, fmt.Sprintf("192.168.%d.%d", 93+i/250, i%250+1)), metav1.CreateOptions{}))
 	}
-	must(n.Bouncers().Create(ctx, fixtures.Bouncer(tag+"-bouncer", subnet, replayer), metav1.CreateOptions{}))
+	for i, d := range replayers {
+		must(n.Bouncers().Create(ctx, fixtures.Bouncer(fmt.Sprintf("%s-bouncer-%d", tag, i), subnet, d), metav1.CreateOptions{}))
+	}
 	ns := tag + "-ns"
 	errs := fixtures.Race(16, func(w int) error {
 		for i := w; i < endpoints; i += 16 {
@@ -131,7 +144,7 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	// Idle: memory, and the latency of an admin's reads.
 	adminRead := func() time.Duration {
 		start := time.Now()
-		if _, err := n.Droplets().Get(ctx, replayer, metav1.GetOptions{}); err != nil {
+		if _, err := n.Droplets().Get(ctx, greedy, metav1.GetOptions{}); err != nil {
 			t.Errorf("admin read: %v", err)
 		}
 		return time.Since(start)
@@ -155,16 +168,18 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 		}
 		return cfg
 	}
-	replayCfg, greedyCfg := kubeconfig(replayer), kubeconfig(greedy)
-	replayHC, err := rest.HTTPClientFor(replayCfg)
-	if err != nil {
-		t.Fatal(err)
+	greedyCfg := kubeconfig(greedy)
+	replayHCs := make([]*http.Client, droplets)
+	for i, d := range replayers {
+		if replayHCs[i], err = rest.HTTPClientFor(kubeconfig(d)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	greedyHC, err := rest.HTTPClientFor(greedyCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sliceURL := replayCfg.Host + "/apis/networking.mizar.dev/v1alpha1/endpoints?watch=true&fieldSelector=" +
+	sliceURL := greedyCfg.Host + "/apis/networking.mizar.dev/v1alpha1/endpoints?watch=true&fieldSelector=" +
 		fields.OneTermEqualSelector("spec.subnet", subnet).String()
 
 	// The storm: each watcher replays the subnet, reads the replay through,
@@ -185,7 +200,8 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 						continue
 					}
 					_ = resp.Body.Close()
-					if resp.StatusCode == http.StatusForbidden {
+					// 403, or 429 when its droplet's reads are queued full.
+					if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusTooManyRequests {
 						refused.Add(1)
 					} else {
 						failed.Add(1)
@@ -195,7 +211,7 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 					continue
 				}
 				req, _ := http.NewRequestWithContext(stormCtx, http.MethodGet, sliceURL, nil)
-				resp, err := replayHC.Do(req)
+				resp, err := replayHCs[i%droplets].Do(req)
 				if err != nil {
 					continue
 				}
@@ -233,8 +249,8 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	closed := time.Now()
 
 	ratio := float64(peakRSS) / float64(idleRSS)
-	t.Logf("%d endpoints, %d watchers for %v: %d full replays, %d whole-collection watches refused; RSS idle %d MiB, peak %d MiB (%.2fx); "+
-		"admin read p99 idle %v, during %v (%d reads)", endpoints, watchers, storm, replays.Load(), refused.Load(),
+	t.Logf("%d endpoints, %d watchers from %d droplets for %v: %d full replays, %d whole-collection watches refused; RSS idle %d MiB, peak %d MiB (%.2fx); "+
+		"admin read p99 idle %v, during %v (%d reads)", endpoints, watchers, droplets, storm, replays.Load(), refused.Load(),
 		idleRSS>>20, peakRSS>>20, ratio, p99(idle), p99(busy), len(busy))
 	if f := failed.Load(); f > 0 {
 		t.Errorf("%d watches failed otherwise than 403 (whole collection) or 429; first: %v", f, firstFailure.Load())
@@ -245,19 +261,32 @@ func TestReplayingWatchesKeepMemoryBounded(t *testing.T) {
 	if replays.Load() == 0 {
 		t.Errorf("no replay of the droplet's own slice completed: the slice must stay readable")
 	}
-	if ratio > 2.4 {
-		t.Errorf("peak RSS %.2fx idle, want under 2.4x", ratio)
+	if ratio >= 1.5 {
+		t.Errorf("peak RSS %.2fx idle, want under 1.5x", ratio)
 	}
-	if limit := max(3*time.Second, 10*p99(idle)); p99(busy) > limit {
-		t.Errorf("admin read p99 %v during the storm, over %v (10x idle %v, at least 3 s): admins starved", p99(busy), limit, p99(idle))
+	// On a quiet machine (idle p99 under 100 ms) the issue's 1 s; where other
+	// processes already slow the idle server down, 10x its idle p99.
+	limit := time.Second
+	if p99(idle) > 100*time.Millisecond {
+		limit = 10 * p99(idle)
 	}
-	// Memory after the watches closed: logged (the Go runtime returns freed
-	// pages to the system in its own time).
-	for range 30 {
+	if p99(busy) >= limit {
+		t.Errorf("admin read p99 %v during the storm (idle %v), want under %v: admins starved", p99(busy), p99(idle), limit)
+	}
+	// Memory after the watches closed: within a minute back under the 1.5x
+	// budget and not above the storm's peak (before, it kept growing after
+	// the watches closed). How near idle it comes is logged: the Go runtime
+	// keeps some of the heap it grew (1.19-1.30x idle a minute on, measured).
+	var after int64
+	for time.Since(closed) < time.Minute {
 		time.Sleep(2 * time.Second)
-		if r := rss(t, pid); float64(r) < 1.5*float64(idleRSS) || time.Since(closed) > time.Minute {
-			t.Logf("RSS %v after the watches closed: %d MiB (%.2fx idle)", time.Since(closed).Round(time.Second), r>>20, float64(r)/float64(idleRSS))
+		if after = rss(t, pid); float64(after) < 1.2*float64(idleRSS) {
 			break
 		}
+	}
+	t.Logf("RSS %v after the watches closed: %d MiB (%.2fx idle)", time.Since(closed).Round(time.Second), after>>20, float64(after)/float64(idleRSS))
+	if float64(after) >= 1.5*float64(idleRSS) || after > peakRSS+peakRSS/20 {
+		t.Errorf("RSS a minute after the watches closed: %d MiB (%.2fx idle, peak %d MiB), want under 1.5x and not above the peak",
+			after>>20, float64(after)/float64(idleRSS), peakRSS>>20)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"mizar.dev/pkg/apis/broker"
 	"mizar.dev/pkg/apis/broker/v1alpha1"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry/broker/servicebinding"
 	"mizar.dev/pkg/registry/broker/serviceclass"
 	"mizar.dev/pkg/registry/broker/serviceinstance"
@@ -23,6 +24,10 @@ import (
 type StorageProvider struct {
 	Scheme *runtime.Scheme
 	Codecs serializer.CodecFactory
+	// Claims writes an order's create together with the condition that its
+	// class is unchanged, and a class's delete with the condition that no order
+	// was created since its orders were listed.
+	Claims *claim.Store
 }
 
 // NewAPIGroupInfo returns the group with storage for every resource and /status.
@@ -32,7 +37,8 @@ func (p StorageProvider) NewAPIGroupInfo(optsGetter generic.RESTOptionsGetter) (
 	if err != nil {
 		return nil, fmt.Errorf("serviceclasses: %w", err)
 	}
-	instances, instanceStatus, err := serviceinstance.NewREST(p.Scheme, optsGetter, classes.Store)
+	classes.Claims = p.Claims
+	instances, instanceStatus, err := serviceinstance.NewREST(p.Scheme, optsGetter, classes.Store, p.Claims)
 	if err != nil {
 		return nil, fmt.Errorf("serviceinstances: %w", err)
 	}

@@ -4,7 +4,9 @@ package serviceclass
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +23,7 @@ import (
 	"mizar.dev/pkg/apis/broker"
 	"mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/apis/broker/validation"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 )
 
@@ -68,7 +71,14 @@ type REST struct {
 	*registry.REST
 	// Instances is the orders' store, set once it exists (it reads classes).
 	Instances *genericregistry.Store
+	// Claims, when set, makes a delete depend on the orders it found
+	// (claim.DeleteGuard): an order created after they were listed keeps the class.
+	Claims *claim.Store
 }
+
+// deleteTries bounds how often a delete lists the orders again because one
+// was created after the list; only a class ordered without pause exhausts it.
+const deleteTries = 5
 
 // NewREST returns the storage of service classes. A catalog entry has no status
 // subresource: its only status is the Ready condition the server sets on create.
@@ -146,21 +156,33 @@ func (r *REST) checkIDsUnique(ctx context.Context, c *broker.ServiceClass) error
 
 // users lists the orders of a class (of one plan, if given), from etcd.
 func (r *REST) users(ctx context.Context, class, plan string) ([]broker.ServiceInstance, error) {
+	out, _, err := r.usersAt(ctx, class, plan)
+	return out, err
+}
+
+// usersAt lists the orders of a class (of one plan, if given), consistently
+// with etcd, and the revision of the list.
+func (r *REST) usersAt(ctx context.Context, class, plan string) ([]broker.ServiceInstance, int64, error) {
 	if r.Instances == nil {
-		return nil, nil
+		return nil, 0, nil
 	}
 	obj, err := r.Instances.List(genericapirequest.WithNamespace(ctx, ""), &metainternalversion.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.class", class)})
 	if err != nil {
-		return nil, fmt.Errorf("listing the orders of service class %s: %w", class, err)
+		return nil, 0, fmt.Errorf("listing the orders of service class %s: %w", class, err)
+	}
+	list := obj.(*broker.ServiceInstanceList)
+	rev, err := strconv.ParseInt(list.ResourceVersion, 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the resource version of the orders of service class %s: %w", class, err)
 	}
 	var out []broker.ServiceInstance
-	for _, in := range obj.(*broker.ServiceInstanceList).Items {
+	for _, in := range list.Items {
 		if plan == "" || in.Spec.Plan == plan {
 			out = append(out, in)
 		}
 	}
-	return out, nil
+	return out, rev, nil
 }
 
 func describe(users []broker.ServiceInstance) string {
@@ -178,15 +200,34 @@ func describe(users []broker.ServiceInstance) string {
 	return s + ")"
 }
 
-// Delete refuses to delete a class that orders use.
+// Delete refuses to delete a class that orders use. The orders are listed at a
+// revision and the class is deleted only if no order was created after it
+// (an order's create depends on its class as it read it, so one created after
+// the delete is refused): a delete racing an order's create never leaves the
+// order without its class.
 func (r *REST) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, options *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	if users, err := r.users(ctx, name, ""); err != nil {
-		return nil, false, err
-	} else if len(users) > 0 {
-		return nil, false, apierrors.NewInvalid(broker.Kind("ServiceClass"), name, field.ErrorList{field.Forbidden(field.NewPath("metadata", "name"),
-			fmt.Sprintf("service class %s is used by %s: delete them first", name, describe(users)))})
+	for range deleteTries {
+		users, rev, err := r.usersAt(ctx, name, "")
+		if err != nil {
+			return nil, false, err
+		}
+		if len(users) > 0 {
+			return nil, false, apierrors.NewInvalid(broker.Kind("ServiceClass"), name, field.ErrorList{field.Forbidden(field.NewPath("metadata", "name"),
+				fmt.Sprintf("service class %s is used by %s: delete them first", name, describe(users)))})
+		}
+		dctx := ctx
+		if r.Claims != nil && r.Instances != nil && rev > 0 {
+			root := r.Instances.KeyRootFunc(genericapirequest.WithNamespace(ctx, ""))
+			dctx = claim.WithDeleteGuard(ctx, claim.DeleteGuard{Prefix: r.Claims.ObjectKey(root) + "/", Rev: rev})
+		}
+		out, deleted, err := r.REST.Delete(dctx, name, deleteValidation, options)
+		var conflict *claim.ConflictError
+		if !errors.As(err, &conflict) {
+			return out, deleted, err
+		}
+		// An order was created after the list: look again.
 	}
-	return r.REST.Delete(ctx, name, deleteValidation, options)
+	return nil, false, apierrors.NewConflict(broker.Resource("serviceclasses"), name, errors.New("orders kept being created while it was deleted; retry"))
 }
 
 // DeleteCollection deletes the classes no order uses, through Delete.

@@ -6,7 +6,9 @@ package serviceinstance
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +24,7 @@ import (
 	"mizar.dev/pkg/apis/broker"
 	"mizar.dev/pkg/apis/broker/v1alpha1"
 	"mizar.dev/pkg/apis/broker/validation"
+	"mizar.dev/pkg/claim"
 	"mizar.dev/pkg/registry"
 )
 
@@ -98,14 +101,82 @@ func StepSummary(st *broker.ServiceInstanceStatus) string {
 	return at(n - 1)
 }
 
+// REST is the storage of orders. An order's create depends on its class as it
+// read it: etcd writes the order only if the class is unchanged since, so a
+// class deleted (or changed) meanwhile cannot gain an order, and the create is
+// checked again against the class as it is then.
+type REST struct {
+	*registry.REST
+	classes *genericregistry.Store
+	claims  *claim.Store
+}
+
+// classTries bounds how often a create is checked again because its class
+// changed under it; classes change rarely, so only one rewritten without pause
+// exhausts it (409).
+const classTries = 10
+
+// Create stores a new order if its class is still as the check read it.
+func (r *REST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
+	return r.dependOnClass(ctx, objectName(obj), func(ctx context.Context) (runtime.Object, error) {
+		return r.REST.Create(ctx, obj.DeepCopyObject(), createValidation, options)
+	})
+}
+
+// Update changes an order; one that creates it (server-side apply) depends on
+// its class as Create does.
+func (r *REST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc,
+	updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	if !forceAllowCreate {
+		return r.REST.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+	}
+	var created bool
+	out, err := r.dependOnClass(ctx, name, func(ctx context.Context) (runtime.Object, error) {
+		out, c, err := r.REST.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+		created = c
+		return out, err
+	})
+	return out, created, err
+}
+
+func objectName(obj runtime.Object) string {
+	if in, ok := obj.(*broker.ServiceInstance); ok {
+		return in.Name
+	}
+	return ""
+}
+
+// dependOnClass runs create with a claim.Pending in its context, which
+// BeginCreate makes depend on the class it checked, until etcd writes it or
+// the class check answers.
+func (r *REST) dependOnClass(ctx context.Context, name string, create func(context.Context) (runtime.Object, error)) (runtime.Object, error) {
+	for try := 0; ; try++ {
+		p := &claim.Pending{Owner: claim.Owner{Resource: kind.Resource.Resource, Namespace: genericapirequest.NamespaceValue(ctx), Name: name}}
+		out, err := create(claim.WithPending(context.WithValue(ctx, latestClassKey{}, try > 0), p))
+		var conflict *claim.ConflictError
+		if !errors.As(err, &conflict) || len(conflict.Changed) == 0 {
+			return out, err
+		}
+		if try+1 >= classTries {
+			return nil, apierrors.NewConflict(kind.Resource, name, fmt.Errorf("its service class kept changing; retry: %w", err))
+		}
+	}
+}
+
+// latestClassKey, true in a create's context, makes its class be read from
+// etcd: an earlier try found the cached one out of date.
+type latestClassKey struct{}
+
 // NewREST returns the storage of service instances and their /status. classes is
-// the catalog's store, read to check plans and parameters.
-func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, classes *genericregistry.Store) (*registry.REST, *registry.StatusREST, error) {
+// the catalog's store, read to check plans and parameters; claims writes an
+// order together with the condition that its class is unchanged.
+func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, classes *genericregistry.Store, claims *claim.Store) (*REST, *registry.StatusREST, error) {
 	k := kind
 	main, status, err := registry.NewREST(&k, scheme, optsGetter)
 	if err != nil {
 		return nil, nil, err
 	}
+	r := &REST{REST: main, classes: classes, claims: claims}
 	// Hooks on the main store only: /status writes never change plan or parameters.
 	main.Store.BeginCreate = func(ctx context.Context, obj runtime.Object, _ *metav1.CreateOptions) (genericregistry.FinishFunc, error) {
 		in := obj.(*broker.ServiceInstance)
@@ -113,8 +184,11 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, class
 		if errs := validation.ValidateServiceInstance(in); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(broker.Kind("ServiceInstance"), in.Name, errs)
 		}
-		_, err := checkClass(ctx, classes, in)
-		return noop, err
+		class, err := checkClass(ctx, classes, in)
+		if err != nil {
+			return nil, err
+		}
+		return noop, r.dependOn(ctx, in.Name, class)
 	}
 	main.Store.BeginUpdate = func(ctx context.Context, obj, old runtime.Object, _ *metav1.UpdateOptions) (genericregistry.FinishFunc, error) {
 		in, prev := obj.(*broker.ServiceInstance), old.(*broker.ServiceInstance)
@@ -140,7 +214,30 @@ func NewREST(scheme *runtime.Scheme, optsGetter generic.RESTOptionsGetter, class
 	// The workload name, once picked, names objects in the workload cluster.
 	statusStore := status.GenericStore()
 	statusStore.UpdateStrategy = statusUpdateStrategy{statusStore.UpdateStrategy}
-	return main, status, nil
+	return r, status, nil
+}
+
+// dependOn makes the create in ctx (its claim.Pending) be written only if
+// class is still at the revision read. A class being deleted gains no order.
+func (r *REST) dependOn(ctx context.Context, name string, class *broker.ServiceClass) error {
+	if class.DeletionTimestamp != nil {
+		return apierrors.NewInvalid(broker.Kind("ServiceInstance"), name, field.ErrorList{
+			field.Forbidden(field.NewPath("spec", "class"), fmt.Sprintf("service class %s is being deleted", class.Name))})
+	}
+	p := claim.PendingFrom(ctx)
+	if p == nil || r.claims == nil {
+		return nil
+	}
+	key, err := r.classes.KeyFunc(genericapirequest.WithNamespace(ctx, ""), class.Name)
+	if err != nil {
+		return fmt.Errorf("the key of service class %q: %w", class.Name, err)
+	}
+	rev, err := strconv.ParseInt(class.ResourceVersion, 10, 64)
+	if err != nil {
+		return fmt.Errorf("the resource version of service class %q: %w", class.Name, err)
+	}
+	p.Unchanged = append(p.Unchanged, claim.Revision{Key: r.claims.ObjectKey(key), ModRevision: rev})
+	return nil
 }
 
 func noop(context.Context, bool) {}
@@ -171,8 +268,13 @@ func checkClass(ctx context.Context, classes *genericregistry.Store, in *broker.
 	ctx = genericapirequest.WithNamespace(ctx, "")
 	// The watch cache answers without a round trip to etcd; only a class it
 	// does not know yet (created a moment ago) costs a quorum read.
-	obj, err := classes.Get(ctx, in.Spec.Class, &metav1.GetOptions{ResourceVersion: "0"})
-	if apierrors.IsNotFound(err) {
+	latest, _ := ctx.Value(latestClassKey{}).(bool)
+	opts := &metav1.GetOptions{ResourceVersion: "0"}
+	if latest {
+		opts.ResourceVersion = ""
+	}
+	obj, err := classes.Get(ctx, in.Spec.Class, opts)
+	if apierrors.IsNotFound(err) && !latest {
 		obj, err = classes.Get(ctx, in.Spec.Class, &metav1.GetOptions{})
 	}
 	if apierrors.IsNotFound(err) {
