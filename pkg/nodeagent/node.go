@@ -64,6 +64,9 @@ type NodeOptions struct {
 	DaemonSet string
 	// CheckFlags validates the flags and returns without running.
 	CheckFlags bool
+	// DropEventBurst is dataplane.Options.DropEventBurst: drop events a
+	// jiffy per CPU (0: the default, negative: none).
+	DropEventBurst int
 }
 
 // NewNodeOptions returns the defaults.
@@ -105,6 +108,8 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 		"the agent removes the conflist, plugin, BPF pins and state as it stops. Empty: never (restarts and upgrades keep everything either way)")
 	fs.BoolVar(&o.CheckFlags, "check-flags", false, "validate the flags and exit 0 if they are valid, without touching the node")
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
+	fs.IntVar(&o.DropEventBurst, "drop-event-burst", o.DropEventBurst, fmt.Sprintf("dropped packets each CPU reports a jiffy as drop events "+
+		"(logged, served at /drops); the rest are only counted (0: %d, negative: none)", dataplane.DefaultDropEventBurst))
 	o.AddStateFlags(fs)
 }
 
@@ -226,7 +231,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	mode := underlayXDPMode(u, o.XDPGeneric)
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
-		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy})
+		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy, DropEventBurst: o.DropEventBurst})
 	if err != nil {
 		return err
 	}
@@ -293,6 +298,14 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if policy != nil {
 		reg.MustRegister(&policyMetrics{dp: dp, c: policy})
 	}
+	drops := NewDropLog(reg)
+	if dp.DropEventsEnabled() {
+		go func() {
+			if err := drops.Run(ctx, dp); err != nil {
+				klog.ErrorS(err, "Reading drop events stopped; drops are still counted")
+			}
+		}()
+	}
 	go func() { errc <- cni.Serve(ctx, ln, srv) }()
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
@@ -312,6 +325,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	if o.HealthAddr != "" {
 		mux := m.mux()
+		mux.Handle("/drops", drops)
 		if policy != nil {
 			mux.Handle("/policy", policy)
 		}
