@@ -377,3 +377,32 @@ func checksum(b []byte, sum uint32) uint16 {
 	}
 	return ^uint16(sum)
 }
+
+// WithoutGeneveOptions returns a Geneve frame without its options (others
+// as they are): a traced frame from whoever asks must not teach this host
+// a direct path the way a relay's sending-host option does.
+func WithoutGeneveOptions(frame []byte) []byte {
+	l3, ok := ethIPv4(frame)
+	if !ok || !outerDst(frame).IsValid() {
+		return frame
+	}
+	ihl := int(l3[0]&0xf) * 4
+	if len(l3) < ihl+16 {
+		return frame
+	}
+	g := l3[ihl+8:]
+	optlen := int(g[0]&0x3f) * 4
+	if optlen == 0 || len(g) < 8+optlen {
+		return frame
+	}
+	at := 14 + ihl + 8 + 8 // the first option
+	out := append(append([]byte(nil), frame[:at]...), frame[at+optlen:]...)
+	ip := out[14:]
+	binary.BigEndian.PutUint16(ip[2:], binary.BigEndian.Uint16(ip[2:])-uint16(optlen))
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip[:ihl], 0))
+	udp := ip[ihl:]
+	binary.BigEndian.PutUint16(udp[4:], binary.BigEndian.Uint16(udp[4:])-uint16(optlen))
+	udp[8] &^= 0x3f // Geneve option length 0
+	return out
+}

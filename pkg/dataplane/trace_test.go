@@ -209,3 +209,20 @@ func waitDropEvent(t *testing.T, c *dropEvents, match func(DropEvent) bool) {
 	}
 	t.Fatalf("no matching drop event; got:\n%s", strings.Join(all, "\n"))
 }
+
+func TestWithoutGeneveOptions(t *testing.T) {
+	d := fixture(t)
+	in := podPacket("10.1.1.10").frame(t)
+	with := fromA(vpc1)
+	with.options = srcHostOption(hostA.IP)
+	got := WithoutGeneveOptions(with.geneve(t, in))
+	want := fromA(vpc1).geneve(t, in)
+	if string(got) != string(want) {
+		t.Fatalf("stripped:\n%s\nwant:\n%s", dump(got), dump(want))
+	}
+	// Still what the program takes.
+	expectVerdict(t, d.UnderlayProgram(), got, xdpRedirect, nil)
+	if plain := fromA(vpc1).geneve(t, in); string(WithoutGeneveOptions(plain)) != string(plain) {
+		t.Fatal("a frame without options changed")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/agentapi"
 	"mizar.dev/pkg/dataplane"
 )
 
@@ -19,14 +20,15 @@ import (
 // summarised) and serves them as JSON at /drops: what mizarctl drops and
 // mizarctl trace --live read.
 type DropLog struct {
-	mu     sync.Mutex
-	ring   []dataplane.DropEvent
-	next   int // where the next event goes once the ring is full
-	total  uint64
-	reg    prometheus.Counter
-	logged int       // lines logged in the current second
-	second time.Time // the second they were logged in
-	quiet  int       // events not logged in it
+	droplet string
+	mu      sync.Mutex
+	ring    []agentapi.DropEvent
+	next    int // where the next event goes once the ring is full
+	total   uint64
+	reg     prometheus.Counter
+	logged  int       // lines logged in the current second
+	second  time.Time // the second they were logged in
+	quiet   int       // events not logged in it
 }
 
 // DropLogSize is how many drop events the agent keeps; DropLogLines how
@@ -36,9 +38,10 @@ const (
 	DropLogLines = 10
 )
 
-// NewDropLog returns an empty log whose events count into reg (nil: none).
-func NewDropLog(reg prometheus.Registerer) *DropLog {
-	l := &DropLog{}
+// NewDropLog returns an empty log of droplet's agent whose events count
+// into reg (nil: none).
+func NewDropLog(droplet string, reg prometheus.Registerer) *DropLog {
+	l := &DropLog{droplet: droplet}
 	if reg != nil {
 		l.reg = prometheus.NewCounter(prometheus.CounterOpts{Name: "mizar_dataplane_drop_events_total",
 			Help: "Drop events the programs reported (a sample of the drops: see mizar_dataplane_packets_total for all of them)."})
@@ -54,7 +57,9 @@ func (l *DropLog) Run(ctx context.Context, dp *dataplane.Datapath) error {
 }
 
 // Add records one event, logging it unless this second's lines are spent.
-func (l *DropLog) Add(logger klog.Logger, e dataplane.DropEvent) {
+func (l *DropLog) Add(logger klog.Logger, de dataplane.DropEvent) {
+	e := agentapi.DropEvent{Time: de.Time, Program: de.Program, Reason: de.Reason, Ifindex: de.Ifindex, Len: de.Len, Suppressed: de.Suppressed,
+		OuterSrc: de.OuterSrc, OuterDst: de.OuterDst, VNI: de.VNI, Src: de.Src, Dst: de.Dst, Proto: de.Proto, SrcPort: de.SrcPort, DstPort: de.DstPort}
 	l.mu.Lock()
 	if len(l.ring) < DropLogSize {
 		l.ring = append(l.ring, e)
@@ -99,10 +104,10 @@ func (l *DropLog) Add(logger klog.Logger, e dataplane.DropEvent) {
 
 // Events returns the kept events after since (all for the zero time),
 // oldest first, and how many the log has seen in all.
-func (l *DropLog) Events(since time.Time) ([]dataplane.DropEvent, uint64) {
+func (l *DropLog) Events(since time.Time) ([]agentapi.DropEvent, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]dataplane.DropEvent, 0, len(l.ring))
+	out := make([]agentapi.DropEvent, 0, len(l.ring))
 	for i := range l.ring {
 		e := l.ring[(l.next+i)%len(l.ring)]
 		if e.Time.After(since) {
@@ -110,13 +115,6 @@ func (l *DropLog) Events(since time.Time) ([]dataplane.DropEvent, uint64) {
 		}
 	}
 	return out, l.total
-}
-
-// DropsResponse is what /drops serves.
-type DropsResponse struct {
-	// Total counts every event the agent has received since it started.
-	Total  uint64                `json:"total"`
-	Events []dataplane.DropEvent `json:"events"`
 }
 
 // ServeHTTP serves the kept events as JSON; ?since=<RFC 3339 time> keeps
@@ -147,5 +145,5 @@ func (l *DropLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		evs, total = l.Events(since)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(DropsResponse{Total: total, Events: evs})
+	_ = json.NewEncoder(w).Encode(agentapi.DropsResponse{Droplet: l.droplet, Total: total, Events: evs})
 }

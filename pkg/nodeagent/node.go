@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/agentapi"
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
 	"mizar.dev/pkg/dataplane"
@@ -298,7 +299,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if policy != nil {
 		reg.MustRegister(&policyMetrics{dp: dp, c: policy})
 	}
-	drops := NewDropLog(reg)
+	drops := NewDropLog(o.Droplet, reg)
 	if dp.DropEventsEnabled() {
 		go func() {
 			if err := drops.Run(ctx, dp); err != nil {
@@ -325,7 +326,10 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	if o.HealthAddr != "" {
 		mux := m.mux()
-		mux.Handle("/drops", drops)
+		mux.Handle(agentapi.PathDrops, drops)
+		tracer := NewTracer(dp, rdp.Pods(), o.Droplet)
+		mux.Handle(agentapi.PathTracePod, tracer)
+		mux.Handle(agentapi.PathTraceUnderlay, tracer)
 		if policy != nil {
 			mux.Handle("/policy", policy)
 		}
