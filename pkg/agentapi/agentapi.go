@@ -17,6 +17,9 @@ const (
 	// tcp|udp|icmp][&sport=][&dport=]: a packet the pod (vni, ip) of the node
 	// sends to dst, from src (its own address by default).
 	PathTracePod = "/trace/pod"
+	// PathState serves the node's datapath as text: programs, counters,
+	// and every entry of its maps (mizarctl sysdump).
+	PathState = "/state"
 	// PathTraceUnderlay serves TraceResponse for a frame POSTed as the body,
 	// as if it arrived on the node's underlay.
 	PathTraceUnderlay = "/trace/underlay"

@@ -330,6 +330,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		tracer := NewTracer(dp, rdp.Pods(), o.Droplet)
 		mux.Handle(agentapi.PathTracePod, tracer)
 		mux.Handle(agentapi.PathTraceUnderlay, tracer)
+		mux.Handle(agentapi.PathState, NewStateDump(dp, rdp.Pods(), o.Droplet))
 		if policy != nil {
 			mux.Handle("/policy", policy)
 		}
