@@ -133,6 +133,36 @@ on the way. Exits 1 when the packet is dropped.`,
 	dropsCmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for an event")
 	root.AddCommand(dropsCmd)
 
+	root.AddCommand(&cobra.Command{
+		Use:   "connectivity-test",
+		Short: "Real pings between pods of every pair of droplets (same VPC: answered; other VPCs: not), with a table",
+		Long: `connectivity-test checks every droplet's agent (--agent) and Droplet, then, from one Provisioned pod
+of each droplet and VPC, has the agent ping (from inside that pod) the probe pod of every other
+droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 when anything fails.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			agents, err := mizarctl.ParseAgents(agentFlags)
+			if err != nil {
+				return err
+			}
+			r, err := mizarctl.ConnectivityTest(cmd.Context(), c, agents)
+			if err != nil {
+				return err
+			}
+			if err := r.Print(cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if !r.Passed() {
+				return mizarctl.ErrConnectivity
+			}
+			return nil
+		},
+	})
+
 	var out, podSelector string
 	var logs []string
 	sysdumpCmd := &cobra.Command{
@@ -180,7 +210,7 @@ on the way. Exits 1 when the packet is dropped.`,
 	root.AddCommand(sysdumpCmd)
 
 	if err := root.Execute(); err != nil {
-		if errors.Is(err, mizarctl.ErrNotHealthy) || errors.Is(err, mizarctl.ErrDropped) {
+		if errors.Is(err, mizarctl.ErrNotHealthy) || errors.Is(err, mizarctl.ErrDropped) || errors.Is(err, mizarctl.ErrConnectivity) {
 			os.Exit(1)
 		}
 		fmt.Fprintln(os.Stderr, "error:", err)

@@ -20,6 +20,9 @@ const (
 	// PathState serves the node's datapath as text: programs, counters,
 	// and every entry of its maps (mizarctl sysdump).
 	PathState = "/state"
+	// PathProbe serves ProbeResponse for ?vni=&ip=&dst=[&count=]: real ICMP
+	// echoes from inside the pod (vni, ip) of the node to dst.
+	PathProbe = "/probe"
 	// PathTraceUnderlay serves TraceResponse for a frame POSTed as the body,
 	// as if it arrived on the node's underlay.
 	PathTraceUnderlay = "/trace/underlay"
@@ -81,3 +84,13 @@ const (
 	NextHost     = "host"
 	NextReply    = "reply"
 )
+
+// ProbeResponse is the outcome of a probe from a pod.
+type ProbeResponse struct {
+	Droplet  string        `json:"droplet"`
+	Sent     int           `json:"sent"`
+	Received int           `json:"received"`
+	RTT      time.Duration `json:"rtt"`
+	// Error says why the probe could not be sent (no such pod, ...).
+	Error string `json:"error,omitempty"`
+}

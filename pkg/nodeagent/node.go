@@ -331,6 +331,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		mux.Handle(agentapi.PathTracePod, tracer)
 		mux.Handle(agentapi.PathTraceUnderlay, tracer)
 		mux.Handle(agentapi.PathState, NewStateDump(dp, rdp.Pods(), o.Droplet))
+		mux.Handle(agentapi.PathProbe, NewProber(dp, rdp.Pods(), srv, o.Droplet))
 		if policy != nil {
 			mux.Handle("/policy", policy)
 		}

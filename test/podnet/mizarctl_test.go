@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -105,6 +106,42 @@ func TestMizarctlTraceAndDrops(t *testing.T) {
 	})
 
 	t.Run("sysdump", func(t *testing.T) { checkSysdump(t, c, p1, bouncer) })
+}
+
+// TestMizarctlConnectivityTest: mizarctl connectivity-test passes on the
+// local cluster (pods of two VPCs on three nodes: pings within a VPC
+// answered, across VPCs not) and, once an agent is stopped, fails with a
+// table naming that droplet and the checks it could not run.
+func TestMizarctlConnectivityTest(t *testing.T) {
+	c := newPodCluster(t, 3)
+	build(t, filepath.Join(c.bin, "mizarctl"), "mizar.dev/cmd/mizarctl")
+	for _, n := range c.nodes {
+		n.health = freeLoopbackAddr(t)
+		c.startAgent(n)
+	}
+	c.createVPC("vpc-a", "10.64.0.0/16", [2]string{"a1", "10.64.1.0/24"})
+	c.createVPC("vpc-b", "10.65.0.0/16", [2]string{"b1", "10.65.1.0/24"})
+	for i, n := range c.nodes {
+		c.addPod(n, fmt.Sprintf("ca%d", i+1), "a1")
+	}
+	c.addPod(c.nodes[0], "cb1", "b1")
+	c.addPod(c.nodes[1], "cb2", "b1")
+
+	out, code := c.mizarctl("connectivity-test")
+	t.Logf("mizarctl connectivity-test:\n%s", out)
+	// vpc-a: 3 x 2 pairs; vpc-b: 2; isolation a <-> b: 2 x 2 + 2 x 1... at least 8 answered and some isolation checks.
+	if code != 0 || !strings.Contains(out, "PASSED: 3/3 droplets healthy") || strings.Count(out, "pod-pod") < 8 || !strings.Contains(out, "isolation") {
+		t.Fatalf("connectivity-test on a healthy cluster: exit %d, want 0, PASSED with pod-pod and isolation checks", code)
+	}
+
+	stopped := c.nodes[2]
+	c.stopAgent(stopped)
+	out, code = c.mizarctl("connectivity-test")
+	t.Logf("mizarctl connectivity-test, the agent of %s stopped:\n%s", stopped.name, out)
+	if code != 1 || !strings.Contains(out, "FAILED: 2/3 droplets healthy") || !hasLine(out, stopped.name, "NOT ANSWERING", "FAIL") ||
+		!hasLine(out, "pod-pod", stopped.name+"/default/ca3", "not run: the agent of "+stopped.name+" is not answering", "FAIL") {
+		t.Fatalf("connectivity-test with the agent of %s stopped: exit %d, want 1 and a table naming it", stopped.name, code)
+	}
 }
 
 // checkSysdump runs mizarctl sysdump and opens the tarball: the objects,
