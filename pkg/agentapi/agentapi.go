@@ -94,3 +94,10 @@ type ProbeResponse struct {
 	// Error says why the probe could not be sent (no such pod, ...).
 	Error string `json:"error,omitempty"`
 }
+
+// HeartbeatLabel marks the agents' heartbeat Leases (coordination.k8s.io,
+// in the workload cluster); its value is the droplet.
+const HeartbeatLabel = "mizar.dev/agent-heartbeat"
+
+// HeartbeatLeaseName is the name of droplet's heartbeat Lease.
+func HeartbeatLeaseName(droplet string) string { return "mizar-agent-" + droplet }

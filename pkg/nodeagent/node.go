@@ -68,6 +68,9 @@ type NodeOptions struct {
 	// DropEventBurst is dataplane.Options.DropEventBurst: drop events a
 	// jiffy per CPU (0: the default, negative: none).
 	DropEventBurst int
+	// HeartbeatNamespace is where the agent renews its heartbeat Lease in
+	// the workload cluster (heartbeat.go); empty: no heartbeat.
+	HeartbeatNamespace string
 }
 
 // NewNodeOptions returns the defaults.
@@ -78,7 +81,7 @@ func NewNodeOptions() *NodeOptions {
 	}
 	return &NodeOptions{NodeName: node, CNIConflistName: ConflistName, CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
-		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval}
+		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval, HeartbeatNamespace: os.Getenv("POD_NAMESPACE")}
 }
 
 // AddFlags registers the options.
@@ -111,6 +114,8 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.AckInterval, "ack-interval", o.AckInterval, "least time between two acknowledgement (watermark) writes of one watch stream; what is applied meanwhile is acknowledged together")
 	fs.IntVar(&o.DropEventBurst, "drop-event-burst", o.DropEventBurst, fmt.Sprintf("dropped packets each CPU reports a jiffy as drop events "+
 		"(logged, served at /drops); the rest are only counted (0: %d, negative: none)", dataplane.DefaultDropEventBurst))
+	fs.StringVar(&o.HeartbeatNamespace, "heartbeat-namespace", o.HeartbeatNamespace, "namespace of the workload cluster where the agent renews its heartbeat Lease "+
+		"(mizar-agent-<droplet>) every 10 s, which mizarctl status reads (default $POD_NAMESPACE; empty or no workload cluster: none)")
 	o.AddStateFlags(fs)
 }
 
@@ -298,6 +303,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		underlay: func() (dataplane.LinkDrops, error) { return rdp.Pods().underlayDrops(u.Index) }})
 	if policy != nil {
 		reg.MustRegister(&policyMetrics{dp: dp, c: policy})
+	}
+	if workload != nil && o.HeartbeatNamespace != "" {
+		go Heartbeat(ctx, workload, o.HeartbeatNamespace, o.Droplet, HeartbeatInterval)
 	}
 	drops := NewDropLog(o.Droplet, reg)
 	if dp.DropEventsEnabled() {
