@@ -180,7 +180,7 @@ func (d *Datapath) trace(prog *ebpf.Program, frame []byte, ctx any) (traced, err
 		return traced{}, fmt.Errorf("trace: CPU affinity: %w", err)
 	}
 	cpu := -1
-	for i := range runtime.NumCPU() * 4 {
+	for i := range len(was) * 64 { // every CPU a CPUSet can name
 		if was.IsSet(i) {
 			cpu = i
 			break
