@@ -80,7 +80,7 @@ func (t Trace) String() string {
 // veth ifindex had sent it. ifindex must name a device in the caller's netns
 // (the host netns: see the package comment).
 func (d *Datapath) TracePod(ifindex int, frame []byte) (Trace, error) {
-	if ifindex <= 1 {
+	if ifindex < 1 {
 		return Trace{}, fmt.Errorf("trace: pod ifindex %d", ifindex)
 	}
 	ctx := skbContext{Ifindex: uint32(ifindex)}

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"mizar.dev/pkg/netpol/netpoltest"
 )
 
 func TestTracePacketFrame(t *testing.T) {
@@ -225,4 +228,46 @@ func TestWithoutGeneveOptions(t *testing.T) {
 	if plain := fromA(vpc1).geneve(t, in); string(WithoutGeneveOptions(plain)) != string(plain) {
 		t.Fatal("a frame without options changed")
 	}
+}
+
+// Policy drops are traced as such, in both programs, and reported as drop
+// events with the policy's reason.
+func TestTracePolicyDrops(t *testing.T) {
+	d, in := policyFixture(t)
+	evs := collectDropEvents(t, d)
+	self := map[string]string{"pod": "10"}
+	// pod1 (10.1.1.10) may neither send nor receive anything.
+	applyTo(t, d, in, netpoltest.Policy("bench", "pod1", self,
+		[]networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, nil, nil))
+
+	nextJiffy()
+	out, err := TracePacket{SrcMAC: pod1.MAC, DstMAC: pod1.GatewayMAC, Src: pod1.IP, Dst: addr("10.1.1.20"), Proto: unix.IPPROTO_TCP,
+		SrcPort: 40000, DstPort: 80}.Frame()
+	must(t, err)
+	tr, err := d.TracePod(pod1.Ifindex, out)
+	must(t, err)
+	t.Log(tr)
+	if tr.Next != NextDrop || tr.Drop != "policy_drop_egress" {
+		t.Fatalf("pod1's egress: %v, want dropped for policy_drop_egress", tr)
+	}
+	nextJiffy()
+	tr, err = d.TraceUnderlay(fromA(vpc1).geneve(t, podPacket("10.1.1.10").frame(t)))
+	must(t, err)
+	t.Log(tr)
+	if tr.Next != NextDrop || tr.Drop != "policy_drop_ingress" {
+		t.Fatalf("to pod1 from A: %v, want dropped for policy_drop_ingress", tr)
+	}
+	// Traffic the policy does not touch still goes: 10.1.1.99 on A to the
+	// unisolated 10.1.1.11 here.
+	tr, err = d.TraceUnderlay(fromA(vpc1).geneve(t, podPacket("10.1.1.11").frame(t)))
+	must(t, err)
+	if tr.Next != NextPod {
+		t.Fatalf("to 10.1.1.11 from A: %v, want delivered", tr)
+	}
+	waitDropEvent(t, evs, func(e DropEvent) bool {
+		return e.Program == "pod" && e.Reason == "policy_drop_egress" && e.Src == pod1.IP && e.Dst == addr("10.1.1.20")
+	})
+	waitDropEvent(t, evs, func(e DropEvent) bool {
+		return e.Program == "underlay" && e.Reason == "policy_drop_ingress" && e.Dst == pod1.IP && e.VNI == vpc1
+	})
 }
