@@ -605,7 +605,14 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 		      BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
 		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
 
-	if (bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, flags))
+	/* A packet the host forwards (a NodePort's, DNATed to another node's
+	 * pod) may be the very skb that arrived encapsulated: over a veth
+	 * underlay (kind) the sender's skb crosses whole, and the kernel keeps
+	 * its encapsulation mark through our XDP decapsulation, so the ENCAP
+	 * flags are refused (-EALREADY). The room alone is what we need; the
+	 * tunnel GSO type such a packet already carries is the one we add. */
+	if (bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, flags) &&
+	    bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
 		return pod_drop(skb, POD_DROP_ENCAP);
 
 	__u32 len = skb->len;

@@ -62,8 +62,8 @@ rc=0
   --report-dir="$OUT" ${MIZAR_CONFORMANCE_ARGS:-} >"$OUT/e2e.log" 2>&1 || rc=$?
 
 # Ginkgo's own summary line: "Ran 47 of 7000 Specs ... 45 Passed | 2 Failed | 0 Pending | 6953 Skipped".
-summary=$(grep -E '^Ran [0-9]+ of [0-9]+ Specs' "$OUT/e2e.log" | tail -1 || true)
-counts=$(grep -E '[0-9]+ Passed \| [0-9]+ Failed' "$OUT/e2e.log" | tail -1 || true)
+summary=$(grep -aE '^Ran [0-9]+ of [0-9]+ Specs' "$OUT/e2e.log" | tail -1 || true)
+counts=$(grep -aE '[0-9]+ Passed \| [0-9]+ Failed' "$OUT/e2e.log" | tail -1 || true)
 if [[ -z $summary ]]; then
   tail -40 "$OUT/e2e.log" >&2
   log "e2e.test ended (rc=$rc) without a summary (log above)"
@@ -83,7 +83,7 @@ echo "conformance: run $run, passed ${passed:-?}, failed ${failed:-?}, skipped $
 if ((${failed:-0} > 0)); then
   echo "failed specs:"
   # Ginkgo lists them after "Summarizing N Failures:".
-  sed -n '/^Summarizing [0-9]* Failure/,$p' "$OUT/e2e.log" | grep -E '^\s*\[(FAIL|TIMEDOUT|INTERRUPTED|PANICKED)\]' | sed 's/^/  /'
+  sed -n '/^Summarizing [0-9]* Failure/,$p' "$OUT/e2e.log" | grep -aE '^\s*\[(FAIL|TIMEDOUT|INTERRUPTED|PANICKED)\]' | sed 's/^/  /'
 fi
 log "JUnit report: $junit; log: $OUT/e2e.log"
 exit "$rc"

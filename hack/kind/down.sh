@@ -8,7 +8,14 @@ source "$ROOT/hack/kind/podman-env.sh"
 CLUSTER=${KIND_CLUSTER:-mizar}
 command -v podman >/dev/null || exit 0
 KIND=$("$ROOT/hack/kube-binaries.sh" kind)
-"$KIND" delete cluster --name "$CLUSTER" --kubeconfig "$ROOT/_output/kind/kubeconfig"
+if ! "$KIND" delete cluster --name "$CLUSTER" --kubeconfig "$ROOT/_output/kind/kubeconfig"; then
+  # Podman can refuse to kill a node that stopped while kind asked
+  # ("container state improper: stopped"): remove what is left by kind's
+  # label, then let kind finish (kubeconfig, nothing else to remove).
+  echo "kind-down: kind delete failed; removing cluster $CLUSTER's containers with podman rm -f" >&2
+  podman ps -aq --filter "label=io.x-k8s.kind.cluster=$CLUSTER" | xargs -r podman rm -f >/dev/null
+  "$KIND" delete cluster --name "$CLUSTER" --kubeconfig "$ROOT/_output/kind/kubeconfig"
+fi
 # kind leaves its network for the next cluster; remove it when no other kind
 # cluster uses it (and with it the aardvark-dns netavark started for it).
 if [[ -z $("$KIND" get clusters 2>/dev/null) ]]; then

@@ -118,9 +118,15 @@ CONF
   log "package roots in $roots: $(du -h "$roots"/*.tar | awk '{printf "%s %s  ", $2, $1}')"
 }
 
-agnhost=
+agnhost= porter=
 for name in "$@"; do
-  [[ $name == */agnhost:* ]] && agnhost=$("$ROOT/hack/kube-binaries.sh" agnhost)
+  [[ $name == */agnhost:* ]] || continue
+  agnhost=$("$ROOT/hack/kube-binaries.sh" agnhost)
+  # The test certificate upstream's image carries in / (porter's TLS
+  # ports, served by "agnhost porter" in the Proxy specs), from the same
+  # module as the binary.
+  porter=$(cd "$ROOT/hack/tools/kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/porter
+  [[ -s $porter/localhost.crt && -s $porter/localhost.key ]] || { log "no localhost.crt/key in $porter"; exit 1; }
 done
 toolkey=$(sha256sum "$ROOT/hack/tools/image/main.go" | cut -c1-12)
 tool=$CACHE/e2e-images/image-$toolkey
@@ -129,7 +135,7 @@ PATHENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 for name in "$@"; do
   repo=${name%:*}
   # Each image's key: the roots', the image tool's, and agnhost's for agnhost.
-  ikey=$( { echo "$rkey $toolkey $name"; [[ $name != */agnhost:* ]] || sha256sum "$agnhost"; } | sha256sum | cut -c1-12)
+  ikey=$( { echo "$rkey $toolkey $name"; [[ $name != */agnhost:* ]] || sha256sum "$agnhost" "$porter"/localhost.*; } | sha256sum | cut -c1-12)
   out=$CACHE/e2e-images/${repo##*/}-${name##*:}-$ikey.tar
   if [[ ! -s $out ]]; then
     build_roots
@@ -140,7 +146,8 @@ for name in "$@"; do
     # Root, as upstream's images: the specs bind low ports and ping.
     case ${repo##*/} in
     agnhost)
-      args=(--base "$roots/tools.tar" --binary "$agnhost" --path /agnhost --cmd pause) ;;
+      args=(--base "$roots/tools.tar" --binary "$agnhost" --path /agnhost --cmd pause
+        --extra "$porter/localhost.crt=/localhost.crt,$porter/localhost.key=/localhost.key") ;;
     jessie-dnsutils)
       args=(--base "$roots/tools.tar" --cmd /bin/sh) ;;
     nginx)

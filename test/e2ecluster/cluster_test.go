@@ -562,6 +562,24 @@ func (w *workload) checkNodePort(ctx context.Context, t *testing.T) {
 		}
 		t.Logf("NodePort on %s (%s) reached %d pods", n.Name, ip, len(got))
 	}
+	// From pods, to every node's NodePort: most connections are DNATed
+	// to a pod of a third node, the node forwarding what arrived
+	// encapsulated out again (the Services conformance specs do this).
+	for _, p := range w.podPerNode() {
+		var script strings.Builder
+		for _, n := range nodes.Items {
+			addr := net.JoinHostPort(nodeIP(&n), strconv.Itoa(int(port)))
+			fmt.Fprintf(&script, "for i in 1 2 3 4 5 6; do /agnhost connect --timeout=5s %s >/dev/null 2>&1 && echo %s ok || echo %s FAILED; done\n", addr, n.Name, n.Name)
+		}
+		out, err := w.e.exec(ctx, w.ns, p.Name, "sh", "-c", script.String())
+		if err != nil {
+			t.Errorf("NodePort from pod %s: %v\n%s", p.Name, err, out)
+			continue
+		}
+		if strings.Contains(out, "FAILED") {
+			t.Errorf("NodePort from pod %s (node %s), 6 connections to each node:\n%s", p.Name, p.Spec.NodeName, out)
+		}
+	}
 }
 
 // checkEgress: pods reach a server on the host, outside the cluster, at its

@@ -56,6 +56,18 @@ func TestHostVPC(t *testing.T) {
 	if err := tcpToService(a, b, svc); err != nil {
 		t.Errorf("pod -> ClusterIP: %v", err)
 	}
+	// A "NodePort" of the other node whose backend is back on this one
+	// (kube-proxy's DNAT and masquerade, in n2): the SYN arrives at n2
+	// encapsulated, and n2 forwards it, translated, out of its host
+	// device to be encapsulated again. On a veth underlay the skb that
+	// crossed still carries the first encapsulation's mark.
+	c2 := c.addPod(n1, "hc", "a1")
+	const nodePort = "30777"
+	c.run("ip", "netns", "exec", n2.ns, "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-d", n2.ip, "-p", "tcp", "--dport", nodePort, "-j", "DNAT", "--to-destination", c2.ip+":7777")
+	c.run("ip", "netns", "exec", n2.ns, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-d", c2.ip, "-p", "tcp", "--dport", "7777", "-j", "MASQUERADE")
+	if err := tcpToServicePort(a, c2, n2.ip, nodePort); err != nil {
+		t.Errorf("pod -> another node's NodePort -> a pod of the first node: %v", err)
+	}
 	// vpc-b's pod reaches its node, and nothing of vpc-a through it.
 	if err := ping(x, n1.ip, 1); err != nil {
 		t.Errorf("vpc-b pod -> its node: %v", err)
@@ -81,9 +93,14 @@ func TestHostVPC(t *testing.T) {
 	}
 }
 
-// tcpToService sends 1 MB from pod from to addr's port 7777, which the
-// node DNATs to pod to, and checks what to received.
+// tcpToService sends 1 MB from pod from to addr's port 7777, which a
+// node DNATs to pod to's port 7777, and checks what to received.
 func tcpToService(from, to *pod, addr string) error {
+	return tcpToServicePort(from, to, addr, "7777")
+}
+
+// tcpToServicePort is tcpToService to addr:port.
+func tcpToServicePort(from, to *pod, addr, port string) error {
 	sink, err := nettest.ListenHash(to.path, to.ip+":7777", 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("listen in %s: %w", to.name, err)
@@ -94,7 +111,7 @@ func tcpToService(from, to *pod, addr string) error {
 	want := sha256.Sum256(data)
 	var conn net.Conn
 	if err := ns.WithNetNSPath(from.path, func(ns.NetNS) error {
-		conn, err = net.DialTimeout("tcp4", addr+":7777", 5*time.Second)
+		conn, err = net.DialTimeout("tcp4", net.JoinHostPort(addr, port), 5*time.Second)
 		return err
 	}); err != nil {
 		return fmt.Errorf("TCP %s -> %s: %w", from.name, addr, err)
