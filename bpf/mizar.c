@@ -16,6 +16,7 @@
 #include "pkt.h"
 #include "route.h"
 #include "netpol.h"
+#include "dropev.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -65,9 +66,10 @@ static __always_inline int fib_next_hop(void *ctx, __u32 dst, __u8 *dmac, __u8 *
 /* Underlay (XDP): Geneve addressed to this host.                           */
 /* ------------------------------------------------------------------------ */
 
-static __always_inline int ul_drop(enum underlay_counter c)
+static __always_inline int ul_drop(struct xdp_md *ctx, enum underlay_counter c)
 {
 	count_ul(c);
+	drop_ev_ul(ctx, DROP_SET_UNDERLAY, c);
 	return XDP_DROP;
 }
 
@@ -121,7 +123,7 @@ int mizar_underlay(struct xdp_md *ctx)
 		goto pass;
 	if (eth->h_proto != bpf_htons(ETH_P_IP)) {
 		if (tagged_geneve_for_us(data, data_end))
-			return ul_drop(UL_DROP_VLAN);
+			return ul_drop(ctx, UL_DROP_VLAN);
 		goto pass;
 	}
 	iph = (void *)(eth + 1);
@@ -139,24 +141,24 @@ int mizar_underlay(struct xdp_md *ctx)
 	/* From here on it is Geneve for us: we either handle it or drop it.
 	 * rx is not counted here: Go sums it from the verdict counters. */
 	if (iph->ihl != 5)
-		return ul_drop(UL_DROP_IP_OPTIONS);
+		return ul_drop(ctx, UL_DROP_IP_OPTIONS);
 	if (iph->frag_off & bpf_htons(IP_MF))
-		return ul_drop(UL_DROP_FRAGMENT);
+		return ul_drop(ctx, UL_DROP_FRAGMENT);
 	/* NICs verify it before the stack does, not before XDP. The source
 	 * address is about to decide trust: it must be the one sent. */
 	if (!ipv4_csum_ok(iph))
-		return ul_drop(UL_DROP_IP_CHECKSUM);
+		return ul_drop(ctx, UL_DROP_IP_CHECKSUM);
 	/* This host never sends Geneve to itself: such a frame came from
 	 * someone else on the segment, whatever the droplets map says. */
 	if (iph->saddr == self_ip())
-		return ul_drop(UL_DROP_SELF_SOURCE);
+		return ul_drop(ctx, UL_DROP_SELF_SOURCE);
 	/* Caches below are valid while the agent changes nothing. */
 	__u64 gen = current_generation();
 
 	const struct droplet *src_droplet = droplet_lookup(iph->saddr, gen);
 
 	if (!src_droplet)
-		return ul_drop(UL_DROP_NOT_DROPLET);
+		return ul_drop(ctx, UL_DROP_NOT_DROPLET);
 	/* Where the agent knows the droplet's MAC (one L2 segment), the
 	 * address alone does not make the sender. Only another droplet of the
 	 * segment may differ: one re-bouncing under the sender's address, to
@@ -168,20 +170,20 @@ int mizar_underlay(struct xdp_md *ctx)
 
 		copy_mac(mk.mac, eth->h_source);
 		if (!bpf_map_lookup_elem(&droplet_macs, &mk))
-			return ul_drop(UL_DROP_MAC_SPOOF);
+			return ul_drop(ctx, UL_DROP_MAC_SPOOF);
 		rebounced = 1;
 	}
 	udp = (void *)(iph + 1);
 	gnv = (void *)(udp + 1);
 	if ((void *)(gnv + 1) > data_end)
-		return ul_drop(UL_DROP_MALFORMED);
+		return ul_drop(ctx, UL_DROP_MALFORMED);
 	/* Version 0 carrying Ethernet only. Options other than mizar's one
 	 * (below) are skipped unless marked critical, which RFC 8926 says a
 	 * receiver that does not understand them must drop; OAM frames have no
 	 * consumer here. */
 	if ((gnv->ver_optlen >> 6) != 0 || gnv->proto != bpf_htons(ETH_P_TEB_) ||
 	    (gnv->flags & (GENEVE_F_OAM | GENEVE_F_CRITICAL)))
-		return ul_drop(UL_DROP_GENEVE);
+		return ul_drop(ctx, UL_DROP_GENEVE);
 
 	__u32 optlen = (gnv->ver_optlen & 0x3f) * 4;
 	struct geneve_opt_host *opt = NULL;
@@ -191,7 +193,7 @@ int mizar_underlay(struct xdp_md *ctx)
 		struct geneve_opt_host *o = (void *)(gnv + 1);
 
 		if ((void *)(o + 1) > data_end)
-			return ul_drop(UL_DROP_MALFORMED);
+			return ul_drop(ctx, UL_DROP_MALFORMED);
 		if (o->opt_class == bpf_htons(MIZAR_OPT_CLASS) && o->type == MIZAR_OPT_SRC_HOST && (o->len & 0x1f) == 1)
 			opt = o;
 	}
@@ -199,15 +201,15 @@ int mizar_underlay(struct xdp_md *ctx)
 	struct iphdr *iip = (void *)(ieth + 1);
 
 	if ((void *)(iip + 1) > data_end)
-		return ul_drop(UL_DROP_MALFORMED);
+		return ul_drop(ctx, UL_DROP_MALFORMED);
 	__u32 tot = bpf_ntohs(iph->tot_len);
 	if (tot > (__u32)(data_end - (void *)iph) || (void *)iph + tot < (void *)(iip + 1) ||
 	    bpf_ntohs(udp->len) != tot - sizeof(*iph))
-		return ul_drop(UL_DROP_MALFORMED);
+		return ul_drop(ctx, UL_DROP_MALFORMED);
 	if (ieth->h_proto != bpf_htons(ETH_P_IP))
-		return ul_drop(UL_DROP_INNER_NOT_IPV4);
+		return ul_drop(ctx, UL_DROP_INNER_NOT_IPV4);
 	if (iip->version != 4 || iip->ihl < 5)
-		return ul_drop(UL_DROP_MALFORMED);
+		return ul_drop(ctx, UL_DROP_MALFORMED);
 
 	/* The sender put the flow's hash in the source port; reuse it rather
 	 * than parse the inner L4 header again. */
@@ -216,7 +218,7 @@ int mizar_underlay(struct xdp_md *ctx)
 	__u32 vni = vni_of(gnv);
 
 	if (rebounced && !is_relay(vni, self))
-		return ul_drop(UL_DROP_MAC_SPOOF);
+		return ul_drop(ctx, UL_DROP_MAC_SPOOF);
 	int from_relay = 0, self_relay = 0;
 	struct route r;
 	/* The flow's earlier decision, if the agent changed nothing since. */
@@ -238,7 +240,7 @@ int mizar_underlay(struct xdp_md *ctx)
 				      src_refusal(vni, iph->saddr, iip->saddr, &from_relay, &learned_trust);
 
 			if (refusal)
-				return ul_drop(refusal);
+				return ul_drop(ctx, refusal);
 			if (r.kind == RT_REMOTE)
 				self_relay = is_relay(vni, self);
 		}
@@ -263,14 +265,20 @@ int mizar_underlay(struct xdp_md *ctx)
 
 	if (r.kind == RT_LOCAL) {
 		/* NetworkPolicy: the receiving pod's ingress (counted in np_stats). */
-		if (np_on() && np_deliver(ctx, vni, iip))
-			return XDP_DROP;
+		if (np_on()) {
+			int np = np_deliver(ctx, vni, iip);
+
+			if (np) {
+				drop_ev_ul(ctx, DROP_SET_POLICY, np);
+				return XDP_DROP;
+			}
+		}
 		/* RFC 6040 normal mode: congestion marked on the underlay reaches
 		 * the pod; the inner DSCP is the sender's (pipe model). */
 		int ecn = ecn_decap(iph->tos, iip->tos);
 
 		if (ecn < 0)
-			return ul_drop(UL_DROP_ECN);
+			return ul_drop(ctx, UL_DROP_ECN);
 		if (ecn != (iip->tos & ECN_MASK))
 			ipv4_set_ecn(iip, ecn);
 		/* A relay vouches for where the inner source lives. */
@@ -325,14 +333,14 @@ int mizar_underlay(struct xdp_md *ctx)
 		int off = (void *)ieth - data;
 
 		if (bpf_xdp_adjust_head(ctx, off))
-			return ul_drop(UL_DROP_ADJUST);
+			return ul_drop(ctx, UL_DROP_ADJUST);
 		/* The pod-side peer needs NAPI (GRO on, see EnableGRO in Go) or the
 		 * veth drops redirected frames; such drops after the program are
 		 * the kernel's to count (KernelDrops). */
 		long ret = bpf_redirect(r.ifindex, 0);
 
 		if (ret != XDP_REDIRECT)
-			return ul_drop(UL_DROP_REDIRECT);
+			return ul_drop(ctx, UL_DROP_REDIRECT);
 		count_ul(UL_DELIVER);
 		return ret;
 	}
@@ -340,14 +348,14 @@ int mizar_underlay(struct xdp_md *ctx)
 	if (r.kind == RT_REMOTE) {
 		/* Outer TTL guards against a loop between misconfigured hosts. */
 		if (iph->ttl <= 1)
-			return ul_drop(UL_DROP_TTL);
+			return ul_drop(ctx, UL_DROP_TTL);
 		/* A relay forwards under its own address (trusted for the whole
 		 * VPC) and writes the sender it verified into the option. Any other
 		 * host only re-bounces what a sender sent it directly (to a pod
 		 * no longer here): under the sender's address, so the next relay
 		 * checks the sender, not us. */
 		if (!self_relay && from_relay)
-			return ul_drop(UL_DROP_UNKNOWN_DST);
+			return ul_drop(ctx, UL_DROP_UNKNOWN_DST);
 		if (self_relay && !from_relay && opt) {
 			store_u32(opt->host, iph->saddr);
 			count_ul(UL_STAMP);
@@ -361,9 +369,9 @@ int mizar_underlay(struct xdp_md *ctx)
 			int rc = fib_next_hop(ctx, load_u32(r.next.ip), eth->h_dest, eth->h_source, &out_ifindex);
 
 			if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
-				return ul_drop(UL_DROP_NO_NEIGH);
+				return ul_drop(ctx, UL_DROP_NO_NEIGH);
 			if (rc != BPF_FIB_LKUP_RET_SUCCESS)
-				return ul_drop(UL_DROP_NO_ROUTE);
+				return ul_drop(ctx, UL_DROP_NO_ROUTE);
 		} else {
 			copy_mac(eth->h_dest, r.next.mac);
 			self_mac(eth->h_source);
@@ -394,7 +402,7 @@ int mizar_underlay(struct xdp_md *ctx)
 		return XDP_TX;
 	}
 
-	return ul_drop(r.via == VIA_UNKNOWN_VNI ? UL_DROP_UNKNOWN_VNI : UL_DROP_UNKNOWN_DST);
+	return ul_drop(ctx, r.via == VIA_UNKNOWN_VNI ? UL_DROP_UNKNOWN_VNI : UL_DROP_UNKNOWN_DST);
 
 pass:
 	count_ul(UL_PASS);
@@ -422,17 +430,18 @@ pass:
  * the checksum state of the inner packet survives. Hence TC: a cls_bpf
  * filter, whose attach costs no RCU grace period under rtnl (tcx's does). */
 
-static __always_inline int pod_drop(enum pod_counter c)
+static __always_inline int pod_drop(struct __sk_buff *skb, enum pod_counter c)
 {
 	count_pod(c);
+	drop_ev_pod(skb, DROP_SET_POD, c);
 	return TC_ACT_SHOT;
 }
 
 /* Send the verdict of a redirect, counting c only if the helper took it. */
-static __always_inline int pod_redirected(long ret, enum pod_counter c)
+static __always_inline int pod_redirected(struct __sk_buff *skb, long ret, enum pod_counter c)
 {
 	if (ret != TC_ACT_REDIRECT)
-		return pod_drop(POD_DROP_REDIRECT);
+		return pod_drop(skb, POD_DROP_REDIRECT);
 	count_pod(c);
 	return ret;
 }
@@ -495,7 +504,7 @@ static __always_inline int pod_icmp_error(struct __sk_buff *skb, const struct po
 	if (bpf_skb_change_tail(skb, sizeof(e), 0) || bpf_skb_store_bytes(skb, 0, &e, sizeof(e), 0))
 		return -1;
 	/* Egress of the same host-side veth: straight back into the pod. */
-	return pod_redirected(bpf_redirect(skb->ifindex, 0), c);
+	return pod_redirected(skb, bpf_redirect(skb->ifindex, 0), c);
 }
 
 /* Make the first need bytes directly readable; 0 on success. */
@@ -528,7 +537,7 @@ static __always_inline int in_subnet(const struct pod_iface *cfg, __u32 addr)
 static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface *cfg)
 {
 	if (pull(skb, ETH_HLEN + sizeof(struct arp_eth)))
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -536,10 +545,10 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	struct arp_eth *arp = (void *)(eth + 1);
 
 	if ((void *)(arp + 1) > data_end)
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	if (arp->htype != bpf_htons(1) || arp->ptype != bpf_htons(ETH_P_IP) || arp->hlen != ETH_ALEN ||
 	    arp->plen != 4 || arp->op != bpf_htons(1 /* request */))
-		return pod_drop(POD_DROP_ARP);
+		return pod_drop(skb, POD_DROP_ARP);
 
 	__u32 spa = load_u32(arp->spa);
 	__u32 tpa = load_u32(arp->tpa);
@@ -548,9 +557,9 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	/* Probes (sender 0.0.0.0) and gratuitous ARP are not answered: the
 	 * pod's own address is never in use by anyone else. */
 	if (spa != own || tpa == own)
-		return pod_drop(POD_DROP_ARP);
+		return pod_drop(skb, POD_DROP_ARP);
 	if (tpa != load_u32(cfg->gw_ip) && !in_subnet(cfg, tpa))
-		return pod_drop(POD_DROP_ARP);
+		return pod_drop(skb, POD_DROP_ARP);
 
 	arp->op = bpf_htons(2 /* reply */);
 	copy_mac(arp->tha, arp->sha);
@@ -560,7 +569,7 @@ static __always_inline int pod_arp(struct __sk_buff *skb, const struct pod_iface
 	copy_mac(eth->h_dest, eth->h_source);
 	copy_mac(eth->h_source, cfg->gw_mac);
 	/* Egress of the same host-side veth: straight back into the pod. */
-	return pod_redirected(bpf_redirect(skb->ifindex, 0), POD_ARP_REPLY);
+	return pod_redirected(skb, bpf_redirect(skb->ifindex, 0), POD_ARP_REPLY);
 }
 
 /* Encapsulate the pod's IPv4 packet toward r->next and send it out of the
@@ -604,7 +613,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	 * tunnel GSO type such a packet already carries is the one we add. */
 	if (bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, flags) &&
 	    bpf_skb_adjust_room(skb, hlen - ETH_HLEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
-		return pod_drop(POD_DROP_ENCAP);
+		return pod_drop(skb, POD_DROP_ENCAP);
 
 	__u32 len = skb->len;
 
@@ -630,7 +639,7 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	__u8 *p = data;
 
 	if (data + sizeof(struct geneve_encap_opt) > data_end)
-		return pod_drop(POD_DROP_ENCAP);
+		return pod_drop(skb, POD_DROP_ENCAP);
 	copy_mac(p, dmac);
 	copy_mac(p + 6, smac);
 	*(__u16 *)(p + 12) = bpf_htons(ETH_P_IP);
@@ -668,8 +677,8 @@ static __always_inline int pod_encap(struct __sk_buff *skb, const struct pod_ifa
 	*(__u16 *)(inner + 12) = bpf_htons(ETH_P_IP);
 
 	if (via_neigh)
-		return pod_redirected(bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
-	return pod_redirected(bpf_redirect(oif, 0), done);
+		return pod_redirected(skb, bpf_redirect_neigh(host.underlay_ifindex, NULL, 0, 0), done);
+	return pod_redirected(skb, bpf_redirect(oif, 0), done);
 }
 
 /* The next hop toward a learned host (a droplet: checked when the flow
@@ -745,43 +754,43 @@ int mizar_pod(struct __sk_buff *skb)
 
 	/* An interface the agent has not described yet sends nothing. */
 	if (!cfg)
-		return pod_drop(POD_DROP_NO_CONFIG);
+		return pod_drop(skb, POD_DROP_NO_CONFIG);
 
 	if (pull(skb, ETH_HLEN))
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 
 	if ((void *)(eth + 1) > data_end)
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	/* Frames leave only as what the endpoint is. The kernel moved an
 	 * 802.1Q/802.1ad tag into metadata before TC (the encap would carry it
 	 * onto the underlay); a second tag of a QinQ frame is still inline. */
 	if (skb->vlan_present || eth->h_proto == bpf_htons(ETH_P_8021Q) ||
 	    eth->h_proto == bpf_htons(ETH_P_8021AD))
-		return pod_drop(POD_DROP_VLAN);
+		return pod_drop(skb, POD_DROP_VLAN);
 	if (eth->h_source[0] & 1)
-		return pod_drop(POD_DROP_MAC_MULTICAST);
+		return pod_drop(skb, POD_DROP_MAC_MULTICAST);
 	if (!mac_eq(eth->h_source, cfg->mac))
-		return pod_drop(POD_DROP_MAC_SPOOF);
+		return pod_drop(skb, POD_DROP_MAC_SPOOF);
 	if (eth->h_proto == bpf_htons(ETH_P_ARP))
 		return pod_arp(skb, cfg);
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return pod_drop(POD_DROP_NOT_IPV4);
+		return pod_drop(skb, POD_DROP_NOT_IPV4);
 
 	if (pull(skb, ETH_HLEN + sizeof(struct iphdr)))
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 	struct iphdr *iph = data + ETH_HLEN;
 
 	if ((void *)(iph + 1) > data_end)
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	if (iph->version != 4 || iph->ihl < 5)
-		return pod_drop(POD_DROP_MALFORMED);
+		return pod_drop(skb, POD_DROP_MALFORMED);
 	if (iph->saddr != load_u32(cfg->ip))
-		return pod_drop(POD_DROP_SPOOF);
+		return pod_drop(skb, POD_DROP_SPOOF);
 
 	/* Ports only from first (or whole) datagrams of protocols that have
 	 * them at the start of L4; fragments hash on addresses alone. */
@@ -793,24 +802,24 @@ int mizar_pod(struct __sk_buff *skb)
 		__u32 l4 = ETH_HLEN + iph->ihl * 4;
 
 		if (pull(skb, l4 + 4))
-			return pod_drop(POD_DROP_MALFORMED);
+			return pod_drop(skb, POD_DROP_MALFORMED);
 		data = (void *)(long)skb->data;
 		data_end = (void *)(long)skb->data_end;
 		__u8 *p = data + l4;
 
 		if ((void *)(p + 4) > data_end)
-			return pod_drop(POD_DROP_MALFORMED);
+			return pod_drop(skb, POD_DROP_MALFORMED);
 		ports = ((__u32)p[0] << 24) | ((__u32)p[1] << 16) | ((__u32)p[2] << 8) | p[3];
 		iph = data + ETH_HLEN;
 		if ((void *)(iph + 1) > data_end)
-			return pod_drop(POD_DROP_MALFORMED);
+			return pod_drop(skb, POD_DROP_MALFORMED);
 	}
 	eth = data;
 
 	__u32 daddr = iph->daddr;
 
 	if (flood_dst(eth, cfg, daddr) && !flood_ok(skb->ifindex))
-		return pod_drop(POD_DROP_FLOOD);
+		return pod_drop(skb, POD_DROP_FLOOD);
 	__u32 hash = flow_hash(iph->saddr, daddr, ports, proto);
 	__u16 sport = flow_sport(hash);
 	struct route r;
@@ -824,11 +833,17 @@ int mizar_pod(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	if (r.kind == RT_DROP)
-		return pod_drop(r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
+		return pod_drop(skb, r.via == VIA_UNKNOWN_VNI ? POD_DROP_UNKNOWN_VNI : POD_DROP_UNKNOWN_DST);
 	/* NetworkPolicy: this pod's egress, and the receiver's ingress when it
 	 * is a pod of this host (counted in np_stats). */
-	if (np_on() && np_check(cfg->vni, iph->saddr, daddr, proto, ports, 1, r.kind == RT_LOCAL))
-		return TC_ACT_SHOT;
+	if (np_on()) {
+		int np = np_check(cfg->vni, iph->saddr, daddr, proto, ports, 1, r.kind == RT_LOCAL);
+
+		if (np) {
+			drop_ev_pod(skb, DROP_SET_POLICY, np);
+			return TC_ACT_SHOT;
+		}
+	}
 
 	/* Leaving the subnet is routing through the gateway: one TTL hop,
 	 * taken here and nowhere else on the path. */
@@ -840,7 +855,7 @@ int mizar_pod(struct __sk_buff *skb)
 			int ret = pod_icmp_error(skb, cfg, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
 						 POD_ICMP_TIME_EXCEEDED);
 
-			return ret < 0 ? pod_drop(POD_DROP_TTL) : ret;
+			return ret < 0 ? pod_drop(skb, POD_DROP_TTL) : ret;
 		}
 		ipv4_decrease_ttl(iph);
 	}
@@ -849,7 +864,7 @@ int mizar_pod(struct __sk_buff *skb)
 		copy_mac(eth->h_dest, r.dst_mac);
 		copy_mac(eth->h_source, cfg->gw_mac);
 		/* Straight into the other pod's netns: skips a backlog pass. */
-		return pod_redirected(bpf_redirect_peer(r.ifindex, 0), POD_LOCAL);
+		return pod_redirected(skb, bpf_redirect_peer(r.ifindex, 0), POD_LOCAL);
 	}
 
 	/* DSCP and ECN are copied to the outer header (RFC 6040 normal mode:
@@ -874,11 +889,11 @@ int mizar_pod(struct __sk_buff *skb)
 		fits_opt = rc == 0 && skb->len - ETH_HLEN + GENEVE_OVERHEAD + SRC_HOST_OPT_LEN <= mtu;
 		if (rc == BPF_MTU_CHK_RET_FRAG_NEEDED) {
 			if (!(frag_off & bpf_htons(IP_DF)) || mtu <= GENEVE_OVERHEAD)
-				return pod_drop(POD_DROP_TOO_BIG);
+				return pod_drop(skb, POD_DROP_TOO_BIG);
 			int ret = pod_icmp_error(skb, cfg, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
 						 bpf_htonl(mtu - GENEVE_OVERHEAD), POD_ICMP_FRAG_NEEDED);
 
-			return ret < 0 ? pod_drop(POD_DROP_TOO_BIG) : ret;
+			return ret < 0 ? pod_drop(skb, POD_DROP_TOO_BIG) : ret;
 		}
 	}
 

@@ -24,10 +24,15 @@
 #                      0, 10 and 1,000 policies selecting the pod, established and
 #                      re-checked after a policy change, as a ratio to the same
 #                      path with policy compiled out (x-no-policy), interleaved
+#   BenchmarkDropEvents per-packet cost of drop paths with drop events off
+#                      (counter only), at their default budget, and with every
+#                      drop reported, and of delivery paths the same way
+#                      (x-no-events: the goal is <= 1.1 for drops, 1.0 for
+#                      delivery), interleaved in rotating order
 # Speeds are only meaningful as the ratios printed next to them, which come
 # from one run on the same machine.
 #
-# Environment: BENCH (regexp, default all five), COUNT (default 1),
+# Environment: BENCH (regexp, default all six), COUNT (default 1),
 # BENCHTIME (for BenchmarkPrograms, default 1s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,5 +46,5 @@ for tool in iperf3 ping; do
 done
 
 exec go test ./pkg/dataplane/ -run '^$' \
-	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkNetworkPolicy|BenchmarkLiveBouncer|BenchmarkPodHook|BenchmarkOverlay)$}" \
+	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkNetworkPolicy|BenchmarkLiveBouncer|BenchmarkPodHook|BenchmarkOverlay|BenchmarkDropEvents)$}" \
 	-benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" -timeout 30m

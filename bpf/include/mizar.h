@@ -217,3 +217,33 @@ enum pod_counter {
 	POD_DROP_FLOOD,         /* broadcast/multicast destination over the pod's rate (flood_rate) */
 	POD_MAX,
 };
+
+/* Drop events (include/dropev.h): which program dropped, and which enum
+ * its reason is of. */
+enum drop_hook {
+	DROP_HOOK_UNDERLAY = 0, /* XDP on the underlay */
+	DROP_HOOK_POD,          /* TC on a pod's veth */
+};
+
+enum drop_set {
+	DROP_SET_UNDERLAY = 0, /* reason is an enum underlay_counter */
+	DROP_SET_POD,          /* reason is an enum pod_counter */
+	DROP_SET_POLICY,       /* reason is an enum np_counter (netpol.h) */
+};
+
+/* Bytes of a dropped packet a drop event carries: outer Ethernet, IPv4,
+ * UDP, Geneve and an option (58), inner Ethernet, IPv4 and the ports (38). */
+#define DROP_EV_SNAP 128
+
+struct drop_event {
+	__u64 ns;         /* bpf_ktime_get_ns */
+	__u32 hook;       /* enum drop_hook */
+	__u32 set;        /* enum drop_set */
+	__u32 reason;
+	__u32 ifindex;    /* the interface the packet came in on */
+	__u32 len;        /* the packet's length */
+	__u32 snap_len;   /* bytes of it in snap */
+	__u32 suppressed; /* drops on this CPU not reported since its previous report */
+	__u32 pad;
+	__u8 snap[DROP_EV_SNAP];
+};

@@ -8,10 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"mizar.dev/pkg/generated/clientset/versioned"
 	"mizar.dev/pkg/mizarctl"
 )
 
@@ -21,9 +24,27 @@ func main() {
 		use = "kubectl mizar"
 	}
 	var kubeconfig, kubeContext string
+	var agentFlags []string
 	root := &cobra.Command{Use: use, Short: "Operate mizar: status of droplets, agents and networking objects", SilenceUsage: true, SilenceErrors: true}
 	root.PersistentFlags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
 	root.PersistentFlags().StringVar(&kubeContext, "context", "", "kubeconfig context to use")
+	root.PersistentFlags().StringArrayVar(&agentFlags, "agent", nil, "droplet=URL of a node agent's --health-addr (repeat per droplet), for what only agents know: drops, trace, sysdump")
+	config := func() (*rest.Config, error) {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		rules.ExplicitPath = kubeconfig
+		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		}
+		return cfg, nil
+	}
+	client := func() (versioned.Interface, error) {
+		cfg, err := config()
+		if err != nil {
+			return nil, err
+		}
+		return versioned.NewForConfig(cfg)
+	}
 	root.AddCommand(&cobra.Command{
 		Use:   "status",
 		Short: "Every droplet (node agent) and networking object: Provisioned or not, and why",
@@ -33,17 +54,163 @@ objects by phase and every object not Provisioned with its first failing conditi
 It exits 1 when anything is not Provisioned, 2 when mizar cannot be asked.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+			cfg, err := config()
 			if err != nil {
-				return fmt.Errorf("kubeconfig: %w", err)
+				return err
 			}
 			return mizarctl.RunStatus(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	})
+
+	var to, proto, src string
+	var port uint16
+	traceCmd := &cobra.Command{
+		Use:   "trace <namespace/pod> --to <address|namespace/pod>",
+		Short: "The path a packet from a pod takes, node by node, or where and why it is dropped",
+		Long: `trace runs a packet through the programs and maps of each node it reaches (the
+agents' BPF_PROG_TEST_RUN: the real code decides, nothing is sent): the sending pod's node first,
+then every node the packet goes to over the underlay, until it is delivered, dropped (with the
+reason: the counter a real packet would move) or leaves the overlay. Needs --agent for each droplet
+on the way. Exits 1 when the packet is dropped.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			agents, err := mizarctl.ParseAgents(agentFlags)
+			if err != nil {
+				return err
+			}
+			r, err := mizarctl.Trace(cmd.Context(), c, agents, mizarctl.TraceOptions{From: args[0], To: to, Proto: proto, Port: port, Src: src})
+			if r != nil {
+				if perr := r.Print(cmd.OutOrStdout()); perr != nil {
+					return perr
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if r.Dropped() != "" {
+				return mizarctl.ErrDropped
+			}
+			return nil
+		},
+	}
+	traceCmd.Flags().StringVar(&to, "to", "", "destination: an IPv4 address or a pod (namespace/name)")
+	traceCmd.Flags().StringVar(&proto, "proto", "tcp", "tcp (a SYN), udp or icmp (an echo request)")
+	traceCmd.Flags().Uint16Var(&port, "port", 80, "destination port (tcp, udp)")
+	traceCmd.Flags().StringVar(&src, "src", "", "source address to write instead of the pod's own (a spoofed packet)")
+	_ = traceCmd.MarkFlagRequired("to")
+	root.AddCommand(traceCmd)
+
+	var since time.Duration
+	var wait time.Duration
+	dropsCmd := &cobra.Command{
+		Use:   "drops",
+		Short: "Dropped packets the nodes' programs reported (reason, addresses, VNI), from every --agent",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			agents, err := mizarctl.ParseAgents(agentFlags)
+			if err != nil {
+				return err
+			}
+			if len(agents) == 0 {
+				return errors.New("no --agent given: drop events are kept by the agents")
+			}
+			var from time.Time
+			if since > 0 {
+				from = time.Now().Add(-since)
+			}
+			rs, err := mizarctl.Drops(cmd.Context(), agents, from, wait)
+			if err != nil {
+				return err
+			}
+			return mizarctl.PrintDrops(cmd.OutOrStdout(), rs)
+		},
+	}
+	dropsCmd.Flags().DurationVar(&since, "since", 0, "only events of the last duration (0: all the agents keep)")
+	dropsCmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for an event")
+	root.AddCommand(dropsCmd)
+
+	root.AddCommand(&cobra.Command{
+		Use:   "connectivity-test",
+		Short: "Real pings between pods of every pair of droplets (same VPC: answered; other VPCs: not), with a table",
+		Long: `connectivity-test checks every droplet's agent (--agent) and Droplet, then, from one Provisioned pod
+of each droplet and VPC, has the agent ping (from inside that pod) the probe pod of every other
+droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 when anything fails.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := client()
+			if err != nil {
+				return err
+			}
+			agents, err := mizarctl.ParseAgents(agentFlags)
+			if err != nil {
+				return err
+			}
+			r, err := mizarctl.ConnectivityTest(cmd.Context(), c, agents)
+			if err != nil {
+				return err
+			}
+			if err := r.Print(cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if !r.Passed() {
+				return mizarctl.ErrConnectivity
+			}
+			return nil
+		},
+	})
+
+	var out, podSelector string
+	var logs []string
+	sysdumpCmd := &cobra.Command{
+		Use:   "sysdump",
+		Short: "One tarball of what a bug report needs: objects, events, status, and every --agent's maps, drops, metrics and logs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config()
+			if err != nil {
+				return err
+			}
+			agents, err := mizarctl.ParseAgents(agentFlags)
+			if err != nil {
+				return err
+			}
+			o := mizarctl.SysdumpOptions{Logs: map[string]string{}, PodSelector: podSelector}
+			for _, l := range logs {
+				d, path, ok := strings.Cut(l, "=")
+				if !ok {
+					return fmt.Errorf("--log %q: want droplet=path", l)
+				}
+				o.Logs[d] = path
+			}
+			if out == "" {
+				out = "mizar-sysdump-" + time.Now().UTC().Format("20060102-150405") + ".tar.gz"
+			}
+			f, err := os.Create(out)
+			if err != nil {
+				return err
+			}
+			names, err := mizarctl.Sysdump(cmd.Context(), cfg, agents, o, f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Wrote %s: %d files\n", out, len(names))
+			return nil
+		},
+	}
+	sysdumpCmd.Flags().StringVarP(&out, "output", "o", "", "tarball to write (default mizar-sysdump-<time>.tar.gz)")
+	sysdumpCmd.Flags().StringArrayVar(&logs, "log", nil, "droplet=path of an agent's log file on this machine (repeat)")
+	sysdumpCmd.Flags().StringVar(&podSelector, "pod-selector", "app.kubernetes.io/name in (mizar-agent,mizar-apiserver,mizar-etcd)", "label selector of the pods whose logs to include (empty: none)")
+	root.AddCommand(sysdumpCmd)
+
 	if err := root.Execute(); err != nil {
-		if errors.Is(err, mizarctl.ErrNotHealthy) {
+		if errors.Is(err, mizarctl.ErrNotHealthy) || errors.Is(err, mizarctl.ErrDropped) || errors.Is(err, mizarctl.ErrConnectivity) {
 			os.Exit(1)
 		}
 		fmt.Fprintln(os.Stderr, "error:", err)

@@ -115,6 +115,10 @@ type Options struct {
 	// known: packets that fit it need no bpf_check_mtu call. 0 means ask the
 	// kernel for every packet that is not GSO.
 	UnderlayMTU int
+	// DropEventBurst is how many dropped packets a jiffy each CPU reports
+	// as drop events (ReadDropEvents); the rest are only counted. 0 means
+	// DefaultDropEventBurst; negative turns the reports off.
+	DropEventBurst int
 }
 
 // DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
@@ -192,6 +196,17 @@ func Load(opts Options) (*Datapath, error) {
 	}
 	if err := spec.Variables[mizarVarFloodRate].Set(flood); err != nil {
 		return nil, fmt.Errorf("set the pod flood rate: %w", err)
+	}
+
+	burst := uint32(DefaultDropEventBurst)
+	switch {
+	case opts.DropEventBurst > 0:
+		burst = uint32(min(opts.DropEventBurst, 1<<16))
+	case opts.DropEventBurst < 0:
+		burst = 0
+	}
+	if err := spec.Variables[mizarVarDropEvBurst].Set(burst); err != nil {
+		return nil, fmt.Errorf("set the drop event budget: %w", err)
 	}
 
 	if err := setPolicyConstants(spec, opts.NetworkPolicy); err != nil {

@@ -7,5 +7,5 @@ package dataplane
 // the output is byte-identical wherever it is rebuilt. Both arch include dirs
 // are listed for <asm/types.h>; clang ignores the one that does not exist.
 
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -type hop -type endpoint_key -type endpoint -type subnet_key -type subnet -type vpc -type pod_iface -type droplet_key -type droplet -type learned_entry -type intro_key -type underlay_counter -type pod_counter -type hostpath_cfg -type np_counter mizar ../../bpf/mizar.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu -mcpu=v3 -Wall -Werror
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -type hop -type endpoint_key -type endpoint -type subnet_key -type subnet -type vpc -type pod_iface -type droplet_key -type droplet -type learned_entry -type intro_key -type underlay_counter -type pod_counter -type hostpath_cfg -type np_counter -type drop_event -type drop_hook -type drop_set mizar ../../bpf/mizar.c -- -I../../bpf/include -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu -mcpu=v3 -Wall -Werror
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel pass ../../bpf/pass.c -- -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu -mcpu=v3 -Wall -Werror

@@ -13,6 +13,42 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type mizarDropBudget struct {
+	_          structs.HostLayout
+	Jiffy      uint64
+	Used       uint32
+	Suppressed uint32
+}
+
+type mizarDropEvent struct {
+	_          structs.HostLayout
+	Ns         uint64
+	Hook       uint32
+	Set        uint32
+	Reason     uint32
+	Ifindex    uint32
+	Len        uint32
+	SnapLen    uint32
+	Suppressed uint32
+	Pad        uint32
+	Snap       [128]uint8
+}
+
+type mizarDropHook uint32
+
+const (
+	mizarDropHookDROP_HOOK_UNDERLAY mizarDropHook = 0
+	mizarDropHookDROP_HOOK_POD      mizarDropHook = 1
+)
+
+type mizarDropSet uint32
+
+const (
+	mizarDropSetDROP_SET_UNDERLAY mizarDropSet = 0
+	mizarDropSetDROP_SET_POD      mizarDropSet = 1
+	mizarDropSetDROP_SET_POLICY   mizarDropSet = 2
+)
+
 type mizarDroplet struct {
 	_   structs.HostLayout
 	Mac [6]uint8
@@ -334,38 +370,44 @@ type mizarVpc struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	mizarMapDropletMacs    = "droplet_macs"
-	mizarMapDroplets       = "droplets"
-	mizarMapDropletsSeen   = "droplets_seen"
-	mizarMapEndpoints      = "endpoints"
-	mizarMapGeneration     = "generation"
-	mizarMapHostAddrs      = "host_addrs"
-	mizarMapHostpath       = "hostpath"
-	mizarMapIntroduced     = "introduced"
-	mizarMapLearned        = "learned"
-	mizarMapNpCache        = "np_cache"
-	mizarMapNpConns        = "np_conns"
-	mizarMapNpEndpoints    = "np_endpoints"
-	mizarMapNpGeneration   = "np_generation"
-	mizarMapNpPrefixes     = "np_prefixes"
-	mizarMapNpRefused      = "np_refused"
-	mizarMapNpRules        = "np_rules"
-	mizarMapNpStats        = "np_stats"
-	mizarMapPodFlood       = "pod_flood"
-	mizarMapPodIfaces      = "pod_ifaces"
-	mizarMapPodStats       = "pod_stats"
-	mizarMapPodsSeen       = "pods_seen"
-	mizarMapRelays         = "relays"
-	mizarMapRtFlows        = "rt_flows"
-	mizarMapSubnets        = "subnets"
-	mizarMapUlFlows        = "ul_flows"
-	mizarMapUnderlayStats  = "underlay_stats"
-	mizarMapVpcs           = "vpcs"
-	mizarProgMizarPod      = "mizar_pod"
-	mizarProgMizarUnderlay = "mizar_underlay"
-	mizarVarFloodRate      = "flood_rate"
-	mizarVarHost           = "host"
-	mizarVarNpEnabled      = "np_enabled"
+	mizarMapDropBudget      = "drop_budget"
+	mizarMapDropEvents      = "drop_events"
+	mizarMapDropletMacs     = "droplet_macs"
+	mizarMapDroplets        = "droplets"
+	mizarMapDropletsSeen    = "droplets_seen"
+	mizarMapEndpoints       = "endpoints"
+	mizarMapGeneration      = "generation"
+	mizarMapHostAddrs       = "host_addrs"
+	mizarMapHostpath        = "hostpath"
+	mizarMapIntroduced      = "introduced"
+	mizarMapLearned         = "learned"
+	mizarMapNpCache         = "np_cache"
+	mizarMapNpConns         = "np_conns"
+	mizarMapNpEndpoints     = "np_endpoints"
+	mizarMapNpGeneration    = "np_generation"
+	mizarMapNpPrefixes      = "np_prefixes"
+	mizarMapNpRefused       = "np_refused"
+	mizarMapNpRules         = "np_rules"
+	mizarMapNpStats         = "np_stats"
+	mizarMapPodFlood        = "pod_flood"
+	mizarMapPodIfaces       = "pod_ifaces"
+	mizarMapPodStats        = "pod_stats"
+	mizarMapPodsSeen        = "pods_seen"
+	mizarMapRelays          = "relays"
+	mizarMapRtFlows         = "rt_flows"
+	mizarMapSubnets         = "subnets"
+	mizarMapUlFlows         = "ul_flows"
+	mizarMapUnderlayStats   = "underlay_stats"
+	mizarMapVpcs            = "vpcs"
+	mizarProgMizarPod       = "mizar_pod"
+	mizarProgMizarUnderlay  = "mizar_underlay"
+	mizarVarDropEvBurst     = "drop_ev_burst"
+	mizarVarFloodRate       = "flood_rate"
+	mizarVarHost            = "host"
+	mizarVarNpEnabled       = "np_enabled"
+	mizarVarUnusedDropEvent = "unused_drop_event"
+	mizarVarUnusedDropHook  = "unused_drop_hook"
+	mizarVarUnusedDropSet   = "unused_drop_set"
 )
 
 // loadMizar returns the embedded CollectionSpec for mizar.
@@ -418,6 +460,8 @@ type mizarProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarMapSpecs struct {
+	DropBudget    *ebpf.MapSpec `ebpf:"drop_budget"`
+	DropEvents    *ebpf.MapSpec `ebpf:"drop_events"`
 	DropletMacs   *ebpf.MapSpec `ebpf:"droplet_macs"`
 	Droplets      *ebpf.MapSpec `ebpf:"droplets"`
 	DropletsSeen  *ebpf.MapSpec `ebpf:"droplets_seen"`
@@ -451,9 +495,13 @@ type mizarMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mizarVariableSpecs struct {
-	FloodRate *ebpf.VariableSpec `ebpf:"flood_rate"`
-	Host      *ebpf.VariableSpec `ebpf:"host"`
-	NpEnabled *ebpf.VariableSpec `ebpf:"np_enabled"`
+	DropEvBurst     *ebpf.VariableSpec `ebpf:"drop_ev_burst"`
+	FloodRate       *ebpf.VariableSpec `ebpf:"flood_rate"`
+	Host            *ebpf.VariableSpec `ebpf:"host"`
+	NpEnabled       *ebpf.VariableSpec `ebpf:"np_enabled"`
+	UnusedDropEvent *ebpf.VariableSpec `ebpf:"unused_drop_event"`
+	UnusedDropHook  *ebpf.VariableSpec `ebpf:"unused_drop_hook"`
+	UnusedDropSet   *ebpf.VariableSpec `ebpf:"unused_drop_set"`
 }
 
 // mizarObjects contains all objects after they have been loaded into the kernel.
@@ -476,6 +524,8 @@ func (o *mizarObjects) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarMaps struct {
+	DropBudget    *ebpf.Map `ebpf:"drop_budget"`
+	DropEvents    *ebpf.Map `ebpf:"drop_events"`
 	DropletMacs   *ebpf.Map `ebpf:"droplet_macs"`
 	Droplets      *ebpf.Map `ebpf:"droplets"`
 	DropletsSeen  *ebpf.Map `ebpf:"droplets_seen"`
@@ -507,6 +557,8 @@ type mizarMaps struct {
 
 func (m *mizarMaps) Close() error {
 	return _MizarClose(
+		m.DropBudget,
+		m.DropEvents,
 		m.DropletMacs,
 		m.Droplets,
 		m.DropletsSeen,
@@ -541,9 +593,13 @@ func (m *mizarMaps) Close() error {
 //
 // It can be passed to loadMizarObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mizarVariables struct {
-	FloodRate *ebpf.Variable `ebpf:"flood_rate"`
-	Host      *ebpf.Variable `ebpf:"host"`
-	NpEnabled *ebpf.Variable `ebpf:"np_enabled"`
+	DropEvBurst     *ebpf.Variable `ebpf:"drop_ev_burst"`
+	FloodRate       *ebpf.Variable `ebpf:"flood_rate"`
+	Host            *ebpf.Variable `ebpf:"host"`
+	NpEnabled       *ebpf.Variable `ebpf:"np_enabled"`
+	UnusedDropEvent *ebpf.Variable `ebpf:"unused_drop_event"`
+	UnusedDropHook  *ebpf.Variable `ebpf:"unused_drop_hook"`
+	UnusedDropSet   *ebpf.Variable `ebpf:"unused_drop_set"`
 }
 
 // mizarPrograms contains all programs after they have been loaded into the kernel.

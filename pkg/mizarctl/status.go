@@ -11,10 +11,16 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"mizar.dev/pkg/agentapi"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/generated/clientset/versioned"
@@ -40,6 +46,9 @@ type DropletStatus struct {
 	Endpoints      int // hosted
 	Bouncers       [2]int
 	Dividers       [2]int // Provisioned, total
+	// Seen is how long ago its agent renewed its heartbeat Lease (-1: no
+	// Lease read).
+	Seen time.Duration
 }
 
 // MaxListed bounds the objects StatusReport names one by one.
@@ -81,7 +90,7 @@ func Status(ctx context.Context, c versioned.Interface) (*StatusReport, error) {
 	byName := map[string]*DropletStatus{}
 	for _, d := range drops.Items {
 		r.Droplets = append(r.Droplets, DropletStatus{Name: d.Name, Node: d.Spec.Node, IP: d.Spec.IP, Phase: phaseOf(d.Status.Phase),
-			Why: why(&d.Status.ProvisioningStatus, d.DeletionTimestamp)})
+			Why: why(&d.Status.ProvisioningStatus, d.DeletionTimestamp), Seen: -1})
 	}
 	for i := range r.Droplets {
 		byName[r.Droplets[i].Name] = &r.Droplets[i]
@@ -181,10 +190,14 @@ func (r *StatusReport) Print(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "Droplets (node agents): %d/%d Provisioned\n", prov, len(r.Droplets))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tNODE\tIP\tPHASE\tENDPOINTS\tBOUNCERS\tDIVIDERS\tWHY")
+	fmt.Fprintln(tw, "NAME\tNODE\tIP\tPHASE\tENDPOINTS\tBOUNCERS\tDIVIDERS\tAGENT SEEN\tWHY")
 	for _, d := range r.Droplets {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\n", d.Name, d.Node, d.IP, d.Phase, d.Endpoints,
-			d.Bouncers[0], d.Bouncers[1], d.Dividers[0], d.Dividers[1], d.Why)
+		seen := "-"
+		if d.Seen >= 0 {
+			seen = d.Seen.Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\n", d.Name, d.Node, d.IP, d.Phase, d.Endpoints,
+			d.Bouncers[0], d.Bouncers[1], d.Dividers[0], d.Dividers[1], seen, d.Why)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -224,6 +237,29 @@ func (r *StatusReport) Print(w io.Writer) error {
 	return nil
 }
 
+// AddHeartbeats notes when each droplet's agent last renewed its heartbeat
+// Lease (agentapi.HeartbeatLabel); an agent whose Lease outlived its
+// duration is silent: named among what is not healthy, whatever the phase
+// of its objects says.
+func (r *StatusReport) AddHeartbeats(leases []coordinationv1.Lease, now time.Time) {
+	by := map[string]*coordinationv1.Lease{}
+	for i := range leases {
+		by[leases[i].Labels[agentapi.HeartbeatLabel]] = &leases[i]
+	}
+	for i := range r.Droplets {
+		d := &r.Droplets[i]
+		l := by[d.Name]
+		if l == nil || l.Spec.RenewTime == nil {
+			continue
+		}
+		d.Seen = max(now.Sub(l.Spec.RenewTime.Time), 0)
+		if l.Spec.LeaseDurationSeconds != nil && d.Seen > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+			r.NotProvisioned = append(r.NotProvisioned, fmt.Sprintf("Droplet %s: agent silent: its heartbeat Lease %s/%s was last renewed %v ago (duration %ds): "+
+				"is mizar-nodeagent running on node %s?", d.Name, l.Namespace, l.Name, d.Seen.Round(time.Second), *l.Spec.LeaseDurationSeconds, d.Node))
+		}
+	}
+}
+
 // ErrNotHealthy is Run's error when something is not Provisioned: scripts
 // and the command's exit code (1) tell it from a failure to ask.
 var ErrNotHealthy = errors.New("not everything is Provisioned")
@@ -237,6 +273,13 @@ func RunStatus(ctx context.Context, cfg *rest.Config, w io.Writer) error {
 	r, err := Status(ctx, c)
 	if err != nil {
 		return err
+	}
+	// Heartbeats live in the workload cluster: readable when cfg is its
+	// kube-apiserver (mizar aggregated behind it), skipped otherwise.
+	if kc, err := kubernetes.NewForConfig(cfg); err == nil {
+		if l, err := kc.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{LabelSelector: agentapi.HeartbeatLabel}); err == nil {
+			r.AddHeartbeats(l.Items, time.Now())
+		}
 	}
 	if err := r.Print(w); err != nil {
 		return err

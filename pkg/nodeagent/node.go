@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"mizar.dev/pkg/agentapi"
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/cni"
 	"mizar.dev/pkg/dataplane"
@@ -71,6 +72,12 @@ type NodeOptions struct {
 	Encryption       string
 	WireGuardAddress string
 	WireGuardPort    int
+	// DropEventBurst is dataplane.Options.DropEventBurst: drop events a
+	// jiffy per CPU (0: the default, negative: none).
+	DropEventBurst int
+	// HeartbeatNamespace is where the agent renews its heartbeat Lease in
+	// the workload cluster (heartbeat.go); empty: no heartbeat.
+	HeartbeatNamespace string
 }
 
 // NewNodeOptions returns the defaults.
@@ -81,7 +88,8 @@ func NewNodeOptions() *NodeOptions {
 	}
 	return &NodeOptions{NodeName: node, CNIConflistName: ConflistName, CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
-		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval, WireGuardPort: DefaultWireGuardPort}
+		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval, WireGuardPort: DefaultWireGuardPort,
+		HeartbeatNamespace: os.Getenv("POD_NAMESPACE")}
 }
 
 // AddFlags registers the options.
@@ -118,6 +126,10 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 		"(e.g. 100.96.0.5/16, one prefix for all droplets, not the physical network's); it becomes the Droplet's address. A bare prefix "+
 		"(100.96.0.0/16, as the chart passes it) takes the host part of the node's physical address (172.18.0.5 -> 100.96.0.5)")
 	fs.IntVar(&o.WireGuardPort, "wireguard-port", o.WireGuardPort, "with --encryption="+EncryptionWireGuard+": WireGuard's UDP port on the physical underlay")
+	fs.IntVar(&o.DropEventBurst, "drop-event-burst", o.DropEventBurst, fmt.Sprintf("dropped packets each CPU reports a jiffy as drop events "+
+		"(logged, served at /drops); the rest are only counted (0: %d, negative: none)", dataplane.DefaultDropEventBurst))
+	fs.StringVar(&o.HeartbeatNamespace, "heartbeat-namespace", o.HeartbeatNamespace, "namespace of the workload cluster where the agent renews its heartbeat Lease "+
+		"(mizar-agent-<droplet>) every 10 s, which mizarctl status reads (default $POD_NAMESPACE; empty or no workload cluster: none)")
 	o.AddStateFlags(fs)
 }
 
@@ -254,7 +266,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	mode := underlayXDPMode(u, o.XDPGeneric)
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
-		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy})
+		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy, DropEventBurst: o.DropEventBurst})
 	if err != nil {
 		return err
 	}
@@ -324,6 +336,17 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if policy != nil {
 		reg.MustRegister(&policyMetrics{dp: dp, c: policy})
 	}
+	if workload != nil && o.HeartbeatNamespace != "" {
+		go Heartbeat(ctx, workload, o.HeartbeatNamespace, o.Droplet, HeartbeatInterval)
+	}
+	drops := NewDropLog(o.Droplet, reg)
+	if dp.DropEventsEnabled() {
+		go func() {
+			if err := drops.Run(ctx, dp); err != nil {
+				klog.ErrorS(err, "Reading drop events stopped; drops are still counted")
+			}
+		}()
+	}
 	go func() { errc <- cni.Serve(ctx, ln, srv) }()
 	if err := srv.DrainDeleteQueue(ctx, o.DeleteQueue); err != nil {
 		klog.ErrorS(err, "Some queued CNI deletes failed; they stay queued for the next start")
@@ -343,6 +366,12 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	if o.HealthAddr != "" {
 		mux := m.mux()
+		mux.Handle(agentapi.PathDrops, drops)
+		tracer := NewTracer(dp, rdp.Pods(), o.Droplet)
+		mux.Handle(agentapi.PathTracePod, tracer)
+		mux.Handle(agentapi.PathTraceUnderlay, tracer)
+		mux.Handle(agentapi.PathState, NewStateDump(dp, rdp.Pods(), o.Droplet))
+		mux.Handle(agentapi.PathProbe, NewProber(dp, rdp.Pods(), srv, o.Droplet))
 		if policy != nil {
 			mux.Handle("/policy", policy)
 		}

@@ -155,7 +155,7 @@ func (e *env) podStartup(ctx context.Context, ns string, n int32) (p50, p99 time
 var pingAvg = regexp.MustCompile(`= [0-9.]+/([0-9.]+)/`)
 
 // crossNode runs a server pod and a client pod on two different nodes and
-// measures one TCP stream (busybox nc, 1 GiB of zeros read through head) and
+// measures one TCP stream (busybox nc, 1 GiB of zeros, counted by the server) and
 // the ping RTT between them. The transfer is timed around kubectl exec, less
 // the same exec moving nothing.
 func (e *env) crossNode(ctx context.Context, ns string) (gbps float64, rtt time.Duration, err error) {
@@ -176,7 +176,10 @@ func (e *env) crossNode(ctx context.Context, ns string) (gbps float64, rtt time.
 		})
 		return p, err
 	}
-	srv, err := mk("server", nodes.Items[0].Name, "sh", "-c", "while true; do nc -l -p 5201 </dev/zero; done")
+	// The client sends and the server counts: busybox nc ends a
+	// connection at the first EOF it reads, so a server sending would stop
+	// when the client's empty stdin closed its half.
+	srv, err := mk("server", nodes.Items[0].Name, "sh", "-c", "while true; do nc -l -p 5201 | wc -c; done")
 	if err != nil {
 		return 0, 0, fmt.Errorf("server pod: %w", err)
 	}
@@ -194,9 +197,13 @@ func (e *env) crossNode(ctx context.Context, ns string) (gbps float64, rtt time.
 	if err != nil {
 		return 0, 0, err
 	}
-	took, out, err := timed(fmt.Sprintf("nc %s 5201 | head -c %d | wc -c", srv.Status.PodIP, bytes))
-	if err != nil || out != strconv.Itoa(bytes) {
+	took, out, err := timed(fmt.Sprintf("head -c %d /dev/zero | nc %s 5201", bytes, srv.Status.PodIP))
+	if err != nil {
 		return 0, 0, fmt.Errorf("transfer: %v %q", err, out)
+	}
+	logs, err := e.cs.CoreV1().Pods(ns).GetLogs(srv.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if f := strings.Fields(string(logs)); err != nil || len(f) == 0 || f[len(f)-1] != strconv.Itoa(bytes) {
+		return 0, 0, fmt.Errorf("transfer: the server counted %q of %d bytes (%v)", logs, bytes, err)
 	}
 	gbps = float64(bytes*8) / (took - idle).Seconds() / 1e9
 	out, err = e.exec(ctx, ns, cli.Name, "ping", "-q", "-c", "20", "-i", "0.2", srv.Status.PodIP)
