@@ -177,9 +177,10 @@ func (e *env) crossNode(ctx context.Context, ns string) (gbps float64, rtt time.
 		return p, err
 	}
 	// The client sends and the server counts: busybox nc ends a
-	// connection at the first EOF it reads, so a server sending would stop
-	// when the client's empty stdin closed its half.
-	srv, err := mk("server", nodes.Items[0].Name, "sh", "-c", "while true; do nc -l -p 5201 | wc -c; done")
+	// connection at the first EOF it reads, from the socket or from its
+	// stdin, so the server's stdin is a pipe that never ends (one
+	// connection; the count is logged when the client closes).
+	srv, err := mk("server", nodes.Items[0].Name, "sh", "-c", "sleep 2147483647 | nc -l -p 5201 | wc -c")
 	if err != nil {
 		return 0, 0, fmt.Errorf("server pod: %w", err)
 	}
@@ -201,8 +202,11 @@ func (e *env) crossNode(ctx context.Context, ns string) (gbps float64, rtt time.
 	if err != nil {
 		return 0, 0, fmt.Errorf("transfer: %v %q", err, out)
 	}
-	logs, err := e.cs.CoreV1().Pods(ns).GetLogs(srv.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-	if f := strings.Fields(string(logs)); err != nil || len(f) == 0 || f[len(f)-1] != strconv.Itoa(bytes) {
+	var logs []byte
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		logs, err = e.cs.CoreV1().Pods(ns).GetLogs(srv.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		return err == nil && len(strings.TrimSpace(string(logs))) > 0, nil
+	}); err != nil || strings.TrimSpace(string(logs)) != strconv.Itoa(bytes) {
 		return 0, 0, fmt.Errorf("transfer: the server counted %q of %d bytes (%v)", logs, bytes, err)
 	}
 	gbps = float64(bytes*8) / (took - idle).Seconds() / 1e9
