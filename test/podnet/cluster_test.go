@@ -151,6 +151,13 @@ func newPodCluster(t testing.TB, nodes int) *podCluster {
 		// Wire mode: segmentation and checksums done before a frame leaves,
 		// as on a NIC (a veth would hand them to its peer undone).
 		for _, side := range [][2]string{{n.ns, "eth0"}, {ul, peer}} {
+			// MIZAR_PODNET_VETH_OFFLOADS=1 keeps the kernel's veth
+			// offloads, as kind's nodes have them: cross-node TCP then
+			// stalls after its first window (an open bug, see the
+			// closing note of issue 17).
+			if os.Getenv("MIZAR_PODNET_VETH_OFFLOADS") == "1" {
+				break
+			}
 			if err := ns.WithNetNSPath("/run/netns/"+side[0], func(ns.NetNS) error { return dataplane.SetFeatures(side[1], nettest.WireFeatures) }); err != nil {
 				t.Fatalf("wire mode on %s in %s: %v", side[1], side[0], err)
 			}
