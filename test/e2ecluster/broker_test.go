@@ -210,8 +210,18 @@ func (w *workload) checkBroker(ctx context.Context, t *testing.T) {
 			},
 		},
 	}
-	if _, err := mizar.BrokerV1alpha1().ServiceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// Right after the upgrade the aggregator may still proxy to the
+	// replaced apiserver pod, though the APIService reads Available: 503
+	// until its endpoints catch up.
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := mizar.BrokerV1alpha1().ServiceClasses().Create(ctx, class, metav1.CreateOptions{})
+		if apierrors.IsServiceUnavailable(err) {
+			t.Logf("creating the ServiceClass: %v (retrying)", err)
+			return false, nil
+		}
+		return true, err
+	}); err != nil {
+		t.Fatalf("creating the ServiceClass: %v", err)
 	}
 	id, bindingID := newGUID(), newGUID()
 	instancePath := "/v2/service_instances/" + id
