@@ -152,15 +152,24 @@ func (p *pool) load(ctx context.Context, s *Store) error {
 	return nil
 }
 
-// next marks the lowest free value used and returns it.
-func (p *pool) next(ctx context.Context, s *Store) (uint32, bool, error) {
+// ensureLoaded reads the pool's index from s the first time it is needed.
+func (p *pool) ensureLoaded(ctx context.Context, s *Store) error {
 	p.mu.Lock()
 	loaded := p.loaded
 	p.mu.Unlock()
-	if !loaded {
-		if err := p.load(ctx, s); err != nil {
-			return 0, false, fmt.Errorf("loading the index of %s: %w", p.r.Prefix, err)
-		}
+	if loaded {
+		return nil
+	}
+	if err := p.load(ctx, s); err != nil {
+		return fmt.Errorf("loading the index of %s: %w", p.r.Prefix, err)
+	}
+	return nil
+}
+
+// next marks the lowest free value used and returns it.
+func (p *pool) next(ctx context.Context, s *Store) (uint32, bool, error) {
+	if err := p.ensureLoaded(ctx, s); err != nil {
+		return 0, false, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -184,13 +193,8 @@ func (p *pool) next(ctx context.Context, s *Store) (uint32, bool, error) {
 // nextFrom marks the lowest free value at or above start used and returns it;
 // false when there is none up to the range's end.
 func (p *pool) nextFrom(ctx context.Context, s *Store, start uint32) (uint32, bool, error) {
-	p.mu.Lock()
-	loaded := p.loaded
-	p.mu.Unlock()
-	if !loaded {
-		if err := p.load(ctx, s); err != nil {
-			return 0, false, fmt.Errorf("loading the index of %s: %w", p.r.Prefix, err)
-		}
+	if err := p.ensureLoaded(ctx, s); err != nil {
+		return 0, false, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
