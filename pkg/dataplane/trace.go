@@ -326,7 +326,7 @@ func (p TracePacket) Frame() ([]byte, error) {
 		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
 	case unix.IPPROTO_ICMP:
 		l4 = append([]byte{8, 0, 0, 0, 0x6d, 0x7a, 0, 1}, payload...)
-		binary.BigEndian.PutUint16(l4[2:], checksum(l4, 0))
+		binary.BigEndian.PutUint16(l4[2:], InternetChecksum(l4, 0))
 	default:
 		return nil, fmt.Errorf("trace packet: protocol %d: want TCP, UDP or ICMP", proto)
 	}
@@ -342,7 +342,7 @@ func (p TracePacket) Frame() ([]byte, error) {
 	src, dst := p.Src.As4(), p.Dst.As4()
 	copy(ip[12:], src[:])
 	copy(ip[16:], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], InternetChecksum(ip, 0))
 	if proto != unix.IPPROTO_ICMP {
 		// Pseudo-header: addresses, protocol, length.
 		var sum uint32
@@ -354,7 +354,7 @@ func (p TracePacket) Frame() ([]byte, error) {
 		if proto == unix.IPPROTO_UDP {
 			off = 6
 		}
-		binary.BigEndian.PutUint16(l4[off:], checksum(l4, sum))
+		binary.BigEndian.PutUint16(l4[off:], InternetChecksum(l4, sum))
 	}
 	f := make([]byte, 0, 14+len(ip)+len(l4))
 	f = append(f, p.DstMAC...)
@@ -364,8 +364,8 @@ func (p TracePacket) Frame() ([]byte, error) {
 	return append(f, l4...), nil
 }
 
-// checksum is the Internet checksum of b, starting from sum.
-func checksum(b []byte, sum uint32) uint16 {
+// InternetChecksum is the Internet checksum (RFC 1071) of b, starting from sum.
+func InternetChecksum(b []byte, sum uint32) uint16 {
 	for i := 0; i+1 < len(b); i += 2 {
 		sum += uint32(binary.BigEndian.Uint16(b[i:]))
 	}
@@ -400,7 +400,7 @@ func WithoutGeneveOptions(frame []byte) []byte {
 	ip := out[14:]
 	binary.BigEndian.PutUint16(ip[2:], binary.BigEndian.Uint16(ip[2:])-uint16(optlen))
 	binary.BigEndian.PutUint16(ip[10:], 0)
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip[:ihl], 0))
+	binary.BigEndian.PutUint16(ip[10:], InternetChecksum(ip[:ihl], 0))
 	udp := ip[ihl:]
 	binary.BigEndian.PutUint16(udp[4:], binary.BigEndian.Uint16(udp[4:])-uint16(optlen))
 	udp[8] &^= 0x3f // Geneve option length 0

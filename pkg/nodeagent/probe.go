@@ -128,7 +128,7 @@ func ping(netns string, dst netip.Addr, count int, timeout time.Duration) (int, 
 	buf := make([]byte, 1500)
 	for seq := 1; seq <= count; seq++ {
 		msg := []byte{8, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'm', 'i', 'z', 'a', 'r'}
-		binary.BigEndian.PutUint16(msg[2:], icmpChecksum(msg))
+		binary.BigEndian.PutUint16(msg[2:], dataplane.InternetChecksum(msg, 0))
 		sent := time.Now()
 		if err := unix.Sendto(fd, msg, 0, to); err != nil {
 			return got, 0, fmt.Errorf("send to %s: %w", dst, err)
@@ -155,18 +155,4 @@ func ping(netns string, dst netip.Addr, count int, timeout time.Duration) (int, 
 		return 0, 0, nil
 	}
 	return got, total / time.Duration(got), nil
-}
-
-func icmpChecksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
