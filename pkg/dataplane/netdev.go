@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -75,6 +76,53 @@ func DisableVLANStripping(ifname string) error {
 		return nil
 	}
 	return SetFeatures(ifname, off)
+}
+
+// WireFeatures are the ethtool features (as `ethtool -k` names them) that
+// make a veth behave like a NIC's wire when turned off: no segmentation and
+// no checksum offload left for the receiver, so every frame is MTU-sized with
+// complete checksums. A veth would otherwise pass 64 KB GSO packets no wire
+// carries, and hand CHECKSUM_PARTIAL skbs to its peer, which an XDP program
+// there sees as bytes only: a native XDP redirect into a pod loses the
+// "checksum still to do" mark (the pod gets a TCP segment with only a
+// pseudo-header sum), and a frame larger than a page is dropped before a
+// program without frags support runs.
+var WireFeatures = map[string]bool{
+	"tx-checksum-ip-generic":       false,
+	"tx-tcp-segmentation":          false,
+	"tx-tcp6-segmentation":         false,
+	"tx-generic-segmentation":      false,
+	"tx-udp_tnl-segmentation":      false,
+	"tx-udp_tnl-csum-segmentation": false,
+}
+
+// CompleteFrames turns off on ifname (calling thread's netns) those of
+// WireFeatures that are on, and returns their names (sorted) so that they
+// can be turned on again: what a node sends on a veth underlay then reaches
+// the peer node's underlay program as a wire would carry it.
+func CompleteFrames(ifname string) ([]string, error) {
+	e, err := ethtool.NewEthtool()
+	if err != nil {
+		return nil, fmt.Errorf("ethtool socket: %w", err)
+	}
+	defer e.Close()
+	have, err := e.Features(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("ethtool %s: read features: %w", ifname, err)
+	}
+	var on []string
+	off := map[string]bool{}
+	for f := range WireFeatures {
+		if have[f] {
+			on = append(on, f)
+			off[f] = false
+		}
+	}
+	if len(on) == 0 {
+		return nil, nil
+	}
+	slices.Sort(on)
+	return on, SetFeatures(ifname, off)
 }
 
 // SetFeatures sets ethtool features (names as `ethtool -k` prints them, e.g.

@@ -21,8 +21,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"mizar.dev/test/nettest"
 )
 
 // A test network on one machine, per DESIGN.md: hosts are network
@@ -453,16 +451,16 @@ func must(tb testing.TB, err error) {
 	}
 }
 
-// wireMode applies nettest.WireFeatures to both ends of every underlay veth.
+// wireMode applies WireFeatures to both ends of every underlay veth.
 func (tn *testNet) wireMode(tb testing.TB) {
 	tb.Helper()
 	for _, h := range tn.order {
-		h.ns.do(tb, func() error { return SetFeatures("ul0", nettest.WireFeatures) })
-		h.sw.do(tb, func() error { return SetFeatures("p"+h.name, nettest.WireFeatures) })
+		h.ns.do(tb, func() error { return SetFeatures("ul0", WireFeatures) })
+		h.sw.do(tb, func() error { return SetFeatures("p"+h.name, WireFeatures) })
 	}
 	for _, l := range tn.routerLegs {
-		l.ns.do(tb, func() error { return SetFeatures(l.ifname, nettest.WireFeatures) })
-		l.seg.sw.do(tb, func() error { return SetFeatures("pR", nettest.WireFeatures) })
+		l.ns.do(tb, func() error { return SetFeatures(l.ifname, WireFeatures) })
+		l.seg.sw.do(tb, func() error { return SetFeatures("pR", WireFeatures) })
 	}
 }
 

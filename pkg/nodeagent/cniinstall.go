@@ -132,6 +132,9 @@ type Uninstall struct {
 	// --host-vpc installed), in HostNetns ("" = this process's netns).
 	HostPath  bool
 	HostNetns string
+	// StateDir holds the record of the underlay offloads the agent turned
+	// off (offloads.go), turned on again before Dirs are removed.
+	StateDir string
 }
 
 // Run removes the conflist first (kubelet stops starting pods on mizar and
@@ -168,6 +171,12 @@ func (u Uninstall) Run() error {
 			errs = append(errs, fmt.Errorf("removing the BPF pins: %w", err))
 		} else {
 			klog.InfoS("Removed", "path", u.PinRoot)
+		}
+	}
+	if u.StateDir != "" {
+		// Before the state directory (which holds the record) goes.
+		if err := restoreOffloads(u.HostNetns, u.StateDir); err != nil {
+			errs = append(errs, fmt.Errorf("turning the underlay's offloads back on: %w", err))
 		}
 	}
 	for _, d := range u.Dirs {

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"mizar.dev/pkg/dataplane"
@@ -45,12 +44,7 @@ func (p *DatapathPods) Attached() int {
 	return len(p.attached)
 }
 
-func (p *DatapathPods) inHost(f func() error) error {
-	if p.HostNetns == "" {
-		return f()
-	}
-	return ns.WithNetNSPath(p.HostNetns, func(ns.NetNS) error { return f() })
-}
+func (p *DatapathPods) inHost(f func() error) error { return inHostNetns(p.HostNetns, f) }
 
 // AttachPod implements PodDataplane.
 func (p *DatapathPods) AttachPod(host *netlink.Handle, hostIf string, pi dataplane.PodInterface) error {

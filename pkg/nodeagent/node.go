@@ -246,6 +246,9 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := completeVethFrames(o.HostNetns, u, o.StateDir); err != nil {
+		return err
+	}
 	var wg *dataplane.WireGuard
 	var dropletAnnotations map[string]string
 	if o.Encryption == EncryptionWireGuard {
@@ -517,5 +520,5 @@ func (o *NodeOptions) installConflist(context.Context) error {
 // Uninstall is what mizar leaves on this node.
 func (o *NodeOptions) Uninstall() Uninstall {
 	return Uninstall{ConfDir: o.CNIConfDir, Conflist: o.CNIConflistName, BinDir: o.CNIBinDir, Plugins: []string{PluginName},
-		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}, HostPath: true, HostNetns: o.HostNetns}
+		PinRoot: o.PinRoot, Dirs: []string{o.StateDir, o.DeleteQueue, filepath.Dir(o.CNISocket)}, HostPath: true, HostNetns: o.HostNetns, StateDir: o.StateDir}
 }

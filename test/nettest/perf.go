@@ -14,23 +14,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 )
 
-// WireFeatures are the ethtool features (as `ethtool -k` names them) to turn
-// off on both ends of an underlay veth for "wire mode" (DESIGN.md, "Measuring
-// throughput"): no segmentation and no checksum offload left for the
-// receiver, so every frame on the underlay is MTU-sized with complete
-// checksums, as a NIC puts it on a wire. A veth would otherwise pass 64 KB
-// GSO packets no wire carries, and hand CHECKSUM_PARTIAL skbs to its peer,
-// which a native XDP redirect loses (the pod would get a TCP packet with only
-// a pseudo-header sum).
-var WireFeatures = map[string]bool{
-	"tx-checksum-ip-generic":       false,
-	"tx-tcp-segmentation":          false,
-	"tx-tcp6-segmentation":         false,
-	"tx-generic-segmentation":      false,
-	"tx-udp_tnl-segmentation":      false,
-	"tx-udp_tnl-csum-segmentation": false,
-}
-
 // IperfSeconds is the length of one iperf3 test.
 const IperfSeconds = 3
 

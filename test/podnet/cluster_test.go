@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/safchain/ethtool"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -26,7 +27,6 @@ import (
 	"mizar.dev/pkg/generated/clientset/versioned"
 	"mizar.dev/test/ci"
 	"mizar.dev/test/cluster"
-	"mizar.dev/test/nettest"
 )
 
 // requireRoot skips without root, and fails instead under CI=true.
@@ -148,20 +148,8 @@ func newPodCluster(t testing.TB, nodes int) *podCluster {
 		c.ip("-n", n.ns, "link", "set", "eth0", "up")
 		c.ip("-n", n.ns, "link", "set", "lo", "up")
 		c.ip("-n", ul, "link", "set", peer, "master", "br0", "up")
-		// Wire mode: segmentation and checksums done before a frame leaves,
-		// as on a NIC (a veth would hand them to its peer undone).
-		for _, side := range [][2]string{{n.ns, "eth0"}, {ul, peer}} {
-			// MIZAR_PODNET_VETH_OFFLOADS=1 keeps the kernel's veth
-			// offloads, as kind's nodes have them: cross-node TCP then
-			// stalls after its first window (an open bug, see the
-			// closing note of issue 17).
-			if os.Getenv("MIZAR_PODNET_VETH_OFFLOADS") == "1" {
-				break
-			}
-			if err := ns.WithNetNSPath("/run/netns/"+side[0], func(ns.NetNS) error { return dataplane.SetFeatures(side[1], nettest.WireFeatures) }); err != nil {
-				t.Fatalf("wire mode on %s in %s: %v", side[1], side[0], err)
-			}
-		}
+		// The veths keep the kernel's offloads, as kind's nodes do: the
+		// agent turns off what its peer's XDP program cannot finish.
 		c.run(c.server, "droplet-kubeconfig", "--data-dir", data, "--droplet", n.name, "--out", filepath.Join(n.dir, "kubeconfig"))
 		for name, placement := range networks {
 			c.writeConflist(n, name, fmt.Sprintf(`{"cniVersion": "1.1.0", "name": %q, "plugins": [{"type": "mizar", "vpc": %q, "subnet": %q, "agentSocket": %q, "deleteQueue": %q}]}`,
@@ -211,6 +199,32 @@ func (c *podCluster) startAgent(n *node, extra ...string) {
 		return nil
 	})
 	c.t.Logf("agent %s ready in %v", n.name, time.Since(start).Round(time.Millisecond))
+	c.checkWireFrames(n)
+}
+
+// checkWireFrames: the agent turned off, on its veth underlay, the offloads
+// its peers' underlay programs cannot finish (without it, cross-node TCP
+// stalls once its window grows).
+func (c *podCluster) checkWireFrames(n *node) {
+	c.t.Helper()
+	var have map[string]bool
+	err := ns.WithNetNSPath("/run/netns/"+n.ns, func(ns.NetNS) error {
+		e, err := ethtool.NewEthtool()
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		have, err = e.Features("eth0")
+		return err
+	})
+	if err != nil {
+		c.t.Fatalf("reading eth0's features on %s: %v", n.name, err)
+	}
+	for f := range dataplane.WireFeatures {
+		if have[f] {
+			c.t.Errorf("%s: %s is still on on the veth underlay after the agent started", n.name, f)
+		}
+	}
 }
 
 func (c *podCluster) stopAgent(n *node) {
