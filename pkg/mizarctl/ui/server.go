@@ -172,7 +172,7 @@ func (s *Server) Run(ctx context.Context) error {
 		defer s.kube.Shutdown()
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
-		return ctx.Err()
+		return nil // ctx ended first
 	}
 	tick := time.NewTicker(Tick)
 	defer tick.Stop()
