@@ -48,7 +48,7 @@ const Tick = 5 * time.Second
 type Server struct {
 	factory externalversions.SharedInformerFactory
 	kube    kubeinformers.SharedInformerFactory // nil: no heartbeat Leases
-	list    func() objects
+	fills   []func(*objects)                    // each copies one watched kind from its lister
 	synced  []cache.InformerSynced
 	// unreadable lists the kinds the user may not list (not watched).
 	unreadable []string
@@ -59,7 +59,8 @@ type Server struct {
 	subs map[chan []byte]struct{}
 }
 
-// New asks which kinds cfg's user may list and prepares a watch of those.
+// New asks which kinds cfg's user may list and prepares a watch of those:
+// a kind the user may not list is named on the page, not waited for.
 func New(ctx context.Context, cfg *rest.Config) (*Server, error) {
 	c, err := versioned.NewForConfig(cfg)
 	if err != nil {
@@ -67,61 +68,28 @@ func New(ctx context.Context, cfg *rest.Config) (*Server, error) {
 	}
 	s := &Server{factory: externalversions.NewSharedInformerFactory(c, 0), dirty: make(chan struct{}, 1), subs: map[chan []byte]struct{}{}}
 	nw, brk := s.factory.Networking().V1alpha1(), s.factory.Broker().V1alpha1()
-	lo := metav1.ListOptions{Limit: 1}
-	api := c.NetworkingV1alpha1()
-	// readable probes one kind: a kind the user may not list (or the server
-	// does not serve) is left out instead of waiting forever on its watch.
-	readable := func(kind string, list func() error) (bool, error) {
-		err := list()
-		switch {
-		case err == nil:
-			return true, nil
-		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-			s.unreadable = append(s.unreadable, kind)
-			return false, nil
-		case apierrors.IsNotFound(err):
-			return false, nil
-		}
-		return false, fmt.Errorf("listing %s: %w", kind, err)
-	}
-	var fill []func(*objects)
-	// Informer() registers a watch with its factory: asked only for a
-	// readable kind.
-	watch := func(kind string, list func() error, informer func() cache.SharedIndexInformer, f func(*objects)) error {
-		ok, err := readable(kind, list)
-		if err != nil || !ok {
-			return err
-		}
-		inf := informer()
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(any) { s.changed() }, UpdateFunc: func(any, any) { s.changed() }, DeleteFunc: func(any) { s.changed() }}); err != nil {
-			return err
-		}
-		s.synced = append(s.synced, inf.HasSynced)
-		fill = append(fill, f)
-		return nil
-	}
+	api, lo := c.NetworkingV1alpha1(), metav1.ListOptions{Limit: 1}
 	discard := func(_ any, err error) error { return err }
 	errs := []error{
-		watch("Vpc", func() error { return discard(api.Vpcs().List(ctx, lo)) }, nw.Vpcs().Informer, func(o *objects) {
+		s.watch("Vpc", discard(api.Vpcs().List(ctx, lo)), nw.Vpcs().Informer, func(o *objects) {
 			o.vpcs, _ = nw.Vpcs().Lister().List(labels.Everything())
 		}),
-		watch("Subnet", func() error { return discard(api.Subnets().List(ctx, lo)) }, nw.Subnets().Informer, func(o *objects) {
+		s.watch("Subnet", discard(api.Subnets().List(ctx, lo)), nw.Subnets().Informer, func(o *objects) {
 			o.subnets, _ = nw.Subnets().Lister().List(labels.Everything())
 		}),
-		watch("Endpoint", func() error { return discard(api.Endpoints("").List(ctx, lo)) }, nw.Endpoints().Informer, func(o *objects) {
+		s.watch("Endpoint", discard(api.Endpoints("").List(ctx, lo)), nw.Endpoints().Informer, func(o *objects) {
 			o.endpoints, _ = nw.Endpoints().Lister().List(labels.Everything())
 		}),
-		watch("Droplet", func() error { return discard(api.Droplets().List(ctx, lo)) }, nw.Droplets().Informer, func(o *objects) {
+		s.watch("Droplet", discard(api.Droplets().List(ctx, lo)), nw.Droplets().Informer, func(o *objects) {
 			o.droplets, _ = nw.Droplets().Lister().List(labels.Everything())
 		}),
-		watch("Divider", func() error { return discard(api.Dividers().List(ctx, lo)) }, nw.Dividers().Informer, func(o *objects) {
+		s.watch("Divider", discard(api.Dividers().List(ctx, lo)), nw.Dividers().Informer, func(o *objects) {
 			o.dividers, _ = nw.Dividers().Lister().List(labels.Everything())
 		}),
-		watch("Bouncer", func() error { return discard(api.Bouncers().List(ctx, lo)) }, nw.Bouncers().Informer, func(o *objects) {
+		s.watch("Bouncer", discard(api.Bouncers().List(ctx, lo)), nw.Bouncers().Informer, func(o *objects) {
 			o.bouncers, _ = nw.Bouncers().Lister().List(labels.Everything())
 		}),
-		watch("ServiceInstance", func() error { return discard(c.BrokerV1alpha1().ServiceInstances("").List(ctx, lo)) }, brk.ServiceInstances().Informer, func(o *objects) {
+		s.watch("ServiceInstance", discard(c.BrokerV1alpha1().ServiceInstances("").List(ctx, lo)), brk.ServiceInstances().Informer, func(o *objects) {
 			o.orders, _ = brk.ServiceInstances().Lister().List(labels.Everything())
 			if o.orders == nil { // watched, none: an empty list, not "not served"
 				o.orders = []*brokerv1alpha1.ServiceInstance{}
@@ -131,28 +99,59 @@ func New(ctx context.Context, cfg *rest.Config) (*Server, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	// Heartbeats live in the workload cluster: watched when cfg is its
-	// kube-apiserver (mizar aggregated behind it) and Leases are readable.
-	if kc, err := kubernetes.NewForConfig(cfg); err == nil {
-		sel := func(o *metav1.ListOptions) { o.LabelSelector = agentapi.HeartbeatLabel }
-		if _, err := kc.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{LabelSelector: agentapi.HeartbeatLabel, Limit: 1}); err == nil {
-			s.kube = kubeinformers.NewSharedInformerFactoryWithOptions(kc, 0, kubeinformers.WithTweakListOptions(sel))
-			leases := s.kube.Coordination().V1().Leases()
-			if err := watch("Lease", func() error { return nil }, leases.Informer, func(o *objects) {
-				o.leases, _ = leases.Lister().List(labels.Everything())
-			}); err != nil {
-				return nil, err
-			}
-		}
-	}
-	s.list = func() objects {
-		var o objects
-		for _, f := range fill {
-			f(&o)
-		}
-		return o
+	if err := s.watchHeartbeats(ctx, cfg); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// watch adds an informer for kind when listing it (listErr) succeeded.
+// informer is called only then: it registers the watch with its factory.
+func (s *Server) watch(kind string, listErr error, informer func() cache.SharedIndexInformer, fill func(*objects)) error {
+	switch {
+	case apierrors.IsForbidden(listErr):
+		s.unreadable = append(s.unreadable, kind)
+		return nil
+	case apierrors.IsNotFound(listErr): // not served (no broker)
+		return nil
+	case listErr != nil:
+		return fmt.Errorf("listing %s: %w", kind, listErr)
+	}
+	inf := informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { s.changed() }, UpdateFunc: func(any, any) { s.changed() }, DeleteFunc: func(any) { s.changed() }}); err != nil {
+		return err
+	}
+	s.synced = append(s.synced, inf.HasSynced)
+	s.fills = append(s.fills, fill)
+	return nil
+}
+
+// watchHeartbeats watches the agents' heartbeat Leases. They live in the
+// workload cluster: watched when cfg is its kube-apiserver (mizar aggregated
+// behind it) and Leases are readable, skipped otherwise.
+func (s *Server) watchHeartbeats(ctx context.Context, cfg *rest.Config) error {
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err == nil {
+		_, err = kc.CoordinationV1().Leases("").List(ctx, metav1.ListOptions{LabelSelector: agentapi.HeartbeatLabel, Limit: 1})
+	}
+	if err != nil {
+		return nil // no workload cluster behind cfg, or its Leases are not readable: no heartbeats
+	}
+	sel := func(o *metav1.ListOptions) { o.LabelSelector = agentapi.HeartbeatLabel }
+	s.kube = kubeinformers.NewSharedInformerFactoryWithOptions(kc, 0, kubeinformers.WithTweakListOptions(sel))
+	leases := s.kube.Coordination().V1().Leases()
+	return s.watch("Lease", nil, leases.Informer, func(o *objects) {
+		o.leases, _ = leases.Lister().List(labels.Everything())
+	})
+}
+
+func (s *Server) list() objects {
+	var o objects
+	for _, f := range s.fills {
+		f(&o)
+	}
+	return o
 }
 
 func (s *Server) changed() {

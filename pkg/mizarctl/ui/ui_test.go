@@ -3,6 +3,8 @@ package ui_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -18,11 +20,15 @@ import (
 	"github.com/chromedp/chromedp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
+	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
 	"mizar.dev/pkg/generated/clientset/versioned"
 	"mizar.dev/pkg/mizarctl/ui"
+	"mizar.dev/pkg/pki"
 )
 
 // chromium finds the headless browser (Debian's chromium, from
@@ -63,13 +69,14 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
-// serve runs mizarctl ui's server on a free loopback port against s.
-func serve(t *testing.T, s *apiservertest.Server) string {
+// serve runs mizarctl ui's server on a free loopback port against the
+// mizar-apiserver of cfg.
+func serve(t *testing.T, cfg *rest.Config) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	urls := make(chan string, 1)
 	done := make(chan error, 1)
-	go func() { done <- ui.Serve(ctx, s.Config, "127.0.0.1:0", func(u string) { urls <- u }) }()
+	go func() { done <- ui.Serve(ctx, cfg, "127.0.0.1:0", func(u string) { urls <- u }) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -85,6 +92,32 @@ func serve(t *testing.T, s *apiservertest.Server) string {
 		t.Fatal("ui.Serve did not start")
 	}
 	return ""
+}
+
+// snapshot reads the page's JSON, once the server has synced.
+func snapshot(t *testing.T, url string) ui.Snapshot {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "api/snapshot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var snap ui.Snapshot
+		if resp.StatusCode == http.StatusOK {
+			err = json.NewDecoder(resp.Body).Decode(&snap)
+		}
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case resp.StatusCode == http.StatusOK:
+			return snap
+		case resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline):
+			t.Fatalf("GET api/snapshot: %s", resp.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func suffix() string {
@@ -186,7 +219,7 @@ func TestPageFollowsTheNetwork(t *testing.T) {
 		t.Fatal("endpoint got no IP")
 	}
 
-	url := serve(t, s)
+	url := serve(t, s.Config)
 	b := browser(t)
 	if err := chromedp.Do(b, chromedp.Navigate(url)); err != nil {
 		t.Fatal(err)
@@ -275,16 +308,7 @@ func TestPageFollowsTheNetwork(t *testing.T) {
 
 	// The JSON snapshot says the same; a request naming another host (DNS
 	// rebinding) is refused; the page carries its CSP.
-	resp, err := http.Get(url + "api/snapshot")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var snap ui.Snapshot
-	err = json.NewDecoder(resp.Body).Decode(&snap)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshot(t, url)
 	var subnets []string
 	for _, v := range snap.VPCs {
 		if v.Name == vpc {
@@ -303,7 +327,7 @@ func TestPageFollowsTheNetwork(t *testing.T) {
 	} else if resp.Body.Close(); resp.StatusCode != http.StatusMisdirectedRequest {
 		t.Errorf("a foreign Host: %s, want 421", resp.Status)
 	}
-	resp, err = http.Get(url)
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +358,7 @@ func TestPageEscapesData(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	url := serve(t, s)
+	url := serve(t, s.Config)
 	b := browser(t)
 	if err := chromedp.Do(b, chromedp.Navigate(url)); err != nil {
 		t.Fatal(err)
@@ -351,4 +375,60 @@ func TestPageEscapesData(t *testing.T) {
 	if eval[bool](t, b, `window.__pwned !== undefined`) {
 		t.Error("script from the message ran")
 	}
+}
+
+// The page shows what its user may read: a droplet's identity reads VPCs and
+// subnets but neither every endpoint (an agent lists only its slice) nor the
+// broker's orders, and those are named as not readable; a user with no
+// rights sees nothing and is told why, in the browser too.
+func TestPageShowsOnlyWhatTheUserMayRead(t *testing.T) {
+	s := apiservertest.Start(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sfx := suffix()
+	vpc, _ := network(t, ctx, s.Client, sfx, "93")
+	dir := t.TempDir()
+
+	kc := filepath.Join(dir, "droplet.kubeconfig")
+	if err := apiserver.IssueDropletKubeconfig(s.DataDir, "d-"+sfx, kc); err != nil {
+		t.Fatal(err)
+	}
+	droplet, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := snapshot(t, serve(t, droplet))
+	if len(snap.VPCs) != 1 || snap.VPCs[0].Name != vpc || len(snap.VPCs[0].Subnets) != 1 {
+		t.Errorf("a droplet sees VPCs %+v, want %s with its subnet", snap.VPCs, vpc)
+	}
+	if snap.Orders != nil || strings.Join(snap.Unreadable, ",") != "Endpoint,ServiceInstance" {
+		t.Errorf("a droplet: orders %#v, unreadable %v; want no orders, Endpoint and ServiceInstance unreadable", snap.Orders, snap.Unreadable)
+	}
+
+	// A user the server knows (a certificate of its CA) with no rights.
+	ca, err := pki.LoadOrCreateCA(filepath.Join(s.DataDir, "pki", "ca.crt"), filepath.Join(s.DataDir, "pki", "ca.key"), "mizar-apiserver-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := rest.AnonymousClientConfig(s.Config)
+	nobody.CertFile, nobody.KeyFile = filepath.Join(dir, "nobody.crt"), filepath.Join(dir, "nobody.key")
+	if err := ca.EnsureCert(nobody.CertFile, nobody.KeyFile, x509.Certificate{Subject: pkix.Name{CommonName: "nobody-" + sfx},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, nobody)
+	snap = snapshot(t, url)
+	all := "Vpc,Subnet,Endpoint,Droplet,Divider,Bouncer,ServiceInstance"
+	if len(snap.VPCs) != 0 || len(snap.Droplets) != 0 || snap.Orders != nil || strings.Join(snap.Unreadable, ",") != all {
+		t.Errorf("a user without rights sees %+v, want nothing and %s unreadable", snap, all)
+	}
+	b := browser(t)
+	if err := chromedp.Do(b, chromedp.Navigate(url)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, b, "the unreadable kinds", `document.querySelector('.note')?.textContent === 'Not readable with these credentials: `+strings.ReplaceAll(all, ",", ", ")+`'`, 10*time.Second)
+	if n := eval[int](t, b, `document.querySelectorAll('[data-kind]').length`); n != 0 {
+		t.Errorf("a user without rights sees %d objects", n)
+	}
+	screenshot(t, b, "nobody")
 }
