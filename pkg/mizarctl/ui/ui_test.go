@@ -22,7 +22,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
+	brokerv1alpha1 "mizar.dev/pkg/apis/broker/v1alpha1"
 	v1alpha1 "mizar.dev/pkg/apis/networking/v1alpha1"
 	"mizar.dev/pkg/apiserver"
 	"mizar.dev/pkg/apiserver/apiservertest"
@@ -180,6 +182,37 @@ func sel(kind, key string) string {
 	return fmt.Sprintf(`document.querySelector('[data-kind=%q][data-key=%q]')`, kind, key)
 }
 
+// makeOrder stores a ServiceInstance of the shipped mysql class, its saga
+// half way (the operators are off: the test writes its status).
+func makeOrder(t *testing.T, ctx context.Context, c versioned.Interface, sfx string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "artifacts", "broker", "mysql-class.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	class := &brokerv1alpha1.ServiceClass{}
+	if err := yaml.UnmarshalStrict(data, class); err != nil {
+		t.Fatal(err)
+	}
+	class.Name = "mysql-" + sfx
+	api := c.BrokerV1alpha1()
+	if _, err := api.ServiceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := api.ServiceInstances("default").Create(ctx, &brokerv1alpha1.ServiceInstance{ObjectMeta: metav1.ObjectMeta{Name: "db-" + sfx},
+		Spec: brokerv1alpha1.ServiceInstanceSpec{Class: class.Name, Plan: "small"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Status.Phase = brokerv1alpha1.PhaseProvisioning
+	in.Status.Steps = []brokerv1alpha1.Step{{Name: "CreatingSecret", State: "Done"},
+		{Name: "CreatingStatefulSet", State: "Running", Attempts: 1, Message: "waiting for pods"}}
+	if _, err := api.ServiceInstances("default").UpdateStatus(ctx, in, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return in.Name
+}
+
 func network(t *testing.T, ctx context.Context, c versioned.Interface, sfx, octet string) (vpc, subnet string) {
 	t.Helper()
 	api := c.NetworkingV1alpha1()
@@ -219,6 +252,8 @@ func TestPageFollowsTheNetwork(t *testing.T) {
 		t.Fatal("endpoint got no IP")
 	}
 
+	order := makeOrder(t, ctx, s.Client, sfx)
+
 	url := serve(t, s.Config)
 	b := browser(t)
 	if err := chromedp.Do(b, chromedp.Navigate(url)); err != nil {
@@ -245,6 +280,12 @@ func TestPageFollowsTheNetwork(t *testing.T) {
 	}
 	if !eval[bool](t, b, `document.getElementById('conn').textContent === 'live'`) {
 		t.Error("the page does not say it is live")
+	}
+	orow := eval[string](t, b, sel("ServiceInstance", "default/"+order)+`?.innerText ?? ""`)
+	for _, want := range []string{"Provisioning", "1/2", "CreatingStatefulSet: Running (1 failed runs) - waiting for pods"} {
+		if !strings.Contains(orow, want) {
+			t.Errorf("order row %q lacks %q", orow, want)
+		}
 	}
 	screenshot(t, b, "before")
 	// A mark in the window: gone if the page reloads.
