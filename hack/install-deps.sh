@@ -13,6 +13,7 @@ packages=(
   debootstrap                   # the kind node image's Debian root (hack/kind/rootfs.sh)
   podman runc conmon netavark aardvark-dns  # kind's node containers (hack/kind/podman-env.sh)
   nftables iptables             # the agent's host path rules (nft, via knftables); kube-proxy-like DNAT in its tests
+  chromium                      # headless browser for the mizarctl ui page's tests (chromedp)
 )
 
 missing=()

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,6 +18,7 @@ import (
 
 	"mizar.dev/pkg/generated/clientset/versioned"
 	"mizar.dev/pkg/mizarctl"
+	"mizar.dev/pkg/mizarctl/ui"
 )
 
 func main() {
@@ -208,6 +211,32 @@ droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 whe
 	sysdumpCmd.Flags().StringArrayVar(&logs, "log", nil, "droplet=path of an agent's log file on this machine (repeat)")
 	sysdumpCmd.Flags().StringVar(&podSelector, "pod-selector", "app.kubernetes.io/name in (mizar-agent,mizar-apiserver,mizar-etcd)", "label selector of the pods whose logs to include (empty: none)")
 	root.AddCommand(sysdumpCmd)
+
+	var listen string
+	uiCmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Serve a live page of the network: VPCs, subnets, endpoints, droplets and orders with their phases",
+		Long: `ui watches mizar with the kubeconfig's credentials and serves a page that draws every VPC
+with its subnets and their endpoints (IP, MAC, droplet, phase), the droplets with their phase and
+agent heartbeat, the broker's orders with their saga steps, and how many objects of each kind are
+not Provisioned; it follows changes live. Read-only.
+The page shows everything the kubeconfig's user can read to whoever can reach --listen: keep the
+default loopback address unless that is meant.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return ui.Serve(ctx, cfg, listen, func(url string) {
+				fmt.Fprintf(cmd.OutOrStdout(), "Serving %s (Ctrl-C to stop)\n", url)
+			})
+		},
+	}
+	uiCmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8090", "address to serve the page on (it exposes what the kubeconfig can read)")
+	root.AddCommand(uiCmd)
 
 	if err := root.Execute(); err != nil {
 		if errors.Is(err, mizarctl.ErrNotHealthy) || errors.Is(err, mizarctl.ErrDropped) || errors.Is(err, mizarctl.ErrConnectivity) {

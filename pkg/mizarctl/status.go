@@ -90,7 +90,7 @@ func Status(ctx context.Context, c versioned.Interface) (*StatusReport, error) {
 	byName := map[string]*DropletStatus{}
 	for _, d := range drops.Items {
 		r.Droplets = append(r.Droplets, DropletStatus{Name: d.Name, Node: d.Spec.Node, IP: d.Spec.IP, Phase: phaseOf(d.Status.Phase),
-			Why: why(&d.Status.ProvisioningStatus, d.DeletionTimestamp), Seen: -1})
+			Why: Why(&d.Status.ProvisioningStatus, d.DeletionTimestamp), Seen: -1})
 	}
 	for i := range r.Droplets {
 		byName[r.Droplets[i].Name] = &r.Droplets[i]
@@ -112,7 +112,7 @@ func Status(ctx context.Context, c versioned.Interface) (*StatusReport, error) {
 		if m.GetNamespace() != "" {
 			name = m.GetNamespace() + "/" + name
 		}
-		r.NotProvisioned = append(r.NotProvisioned, fmt.Sprintf("%s %s: %s: %s", kind, name, p, why(st, m.GetDeletionTimestamp())))
+		r.NotProvisioned = append(r.NotProvisioned, fmt.Sprintf("%s %s: %s: %s", kind, name, p, Why(st, m.GetDeletionTimestamp())))
 	}
 	for i := range drops.Items {
 		note("Droplet", &drops.Items[i], &drops.Items[i].Status.ProvisioningStatus)
@@ -160,9 +160,10 @@ func phaseOf(p v1alpha1.Phase) v1alpha1.Phase {
 	return p
 }
 
-// why is the first False condition other than Ready (Ready repeats it), or
-// the Ready message, or what the phase implies.
-func why(st *v1alpha1.ProvisioningStatus, deleting *metav1.Time) string {
+// Why is why an object is not Provisioned: that it is being deleted, or its
+// first False condition other than Ready (Ready repeats it), or the Ready
+// message, or what the phase implies.
+func Why(st *v1alpha1.ProvisioningStatus, deleting *metav1.Time) string {
 	if deleting != nil {
 		return "being deleted since " + deleting.UTC().Format("15:04:05")
 	}
@@ -249,15 +250,28 @@ func (r *StatusReport) AddHeartbeats(leases []coordinationv1.Lease, now time.Tim
 	for i := range r.Droplets {
 		d := &r.Droplets[i]
 		l := by[d.Name]
-		if l == nil || l.Spec.RenewTime == nil {
+		seen, silent, ok := Heartbeat(l, now)
+		if !ok {
 			continue
 		}
-		d.Seen = max(now.Sub(l.Spec.RenewTime.Time), 0)
-		if l.Spec.LeaseDurationSeconds != nil && d.Seen > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+		d.Seen = seen
+		if silent {
 			r.NotProvisioned = append(r.NotProvisioned, fmt.Sprintf("Droplet %s: agent silent: its heartbeat Lease %s/%s was last renewed %v ago (duration %ds): "+
 				"is mizar-nodeagent running on node %s?", d.Name, l.Namespace, l.Name, d.Seen.Round(time.Second), *l.Spec.LeaseDurationSeconds, d.Node))
 		}
 	}
+}
+
+// Heartbeat reads an agent's heartbeat Lease: how long ago it was renewed,
+// and whether that outlived the Lease's duration (the agent is silent); ok
+// is false without a Lease or a renewal.
+func Heartbeat(l *coordinationv1.Lease, now time.Time) (seen time.Duration, silent, ok bool) {
+	if l == nil || l.Spec.RenewTime == nil {
+		return 0, false, false
+	}
+	seen = max(now.Sub(l.Spec.RenewTime.Time), 0)
+	silent = l.Spec.LeaseDurationSeconds != nil && seen > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+	return seen, silent, true
 }
 
 // ErrNotHealthy is Run's error when something is not Provisioned: scripts
