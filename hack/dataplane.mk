@@ -4,7 +4,7 @@
 
 GO ?= go
 
-.PHONY: bpf verify-bpf bench-dataplane
+.PHONY: bpf verify-bpf bench-dataplane bench-dataplane-ab
 
 # Regenerate the BPF objects (clang-19) and their bpf2go Go bindings.
 bpf:
@@ -24,3 +24,8 @@ verify-bpf: bpf
 # Throughput, latency and per-packet benchmarks (root).
 bench-dataplane:
 	hack/bench-dataplane.sh
+
+# Every program path's per-packet cost at BASE (default: main before issue
+# 18's trust checks) beside the working tree, interleaved in one run (root).
+bench-dataplane-ab:
+	hack/bench-dataplane-ab.sh
