@@ -46,9 +46,9 @@ func main() {
 		}
 		return cfg, nil
 	}
-	// agents reaches the node agents (close them); with --agent and no
+	// connectAgents reaches the node agents (close them); with --agent and no
 	// kubeconfig, those agents must not ask for a token.
-	agents := func(ctx context.Context) (*mizarctl.Agents, error) {
+	connectAgents := func(ctx context.Context) (*mizarctl.Agents, error) {
 		o := agentOpts
 		o.URLs = agentFlags
 		cfg, err := config()
@@ -100,7 +100,7 @@ on the way (see --agent). Exits 1 when the packet is dropped.`,
 			if err != nil {
 				return err
 			}
-			agents, err := agents(cmd.Context())
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -134,7 +134,7 @@ on the way (see --agent). Exits 1 when the packet is dropped.`,
 		Short: "Dropped packets the nodes' programs reported (reason, addresses, VNI), from every agent",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			agents, err := agents(cmd.Context())
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -166,7 +166,7 @@ droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 whe
 			if err != nil {
 				return err
 			}
-			agents, err := agents(cmd.Context())
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -198,7 +198,7 @@ droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 whe
 			}
 			// A sysdump of a broken cluster is the one most needed: without
 			// agents it still holds the API's objects.
-			agents, err := agents(cmd.Context())
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warning: no agent state in the sysdump: %v\n", err)
 				agents, _ = mizarctl.ParseAgents(nil)
