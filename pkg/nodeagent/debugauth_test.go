@@ -30,7 +30,7 @@ import (
 // ServiceAccount mizarctl may use the debug endpoints (nonResourceURLs
 // /mizar-agent/*), and "nobody" is a valid ServiceAccount with no grant. It
 // returns each one's token and the agent's client.
-func debugRBAC(t *testing.T, ctx context.Context, admin *rest.Config) (tokens map[string]string, agent kubernetes.Interface) {
+func debugRBAC(t testing.TB, ctx context.Context, admin *rest.Config) (tokens map[string]string, agent kubernetes.Interface) {
 	t.Helper()
 	kc, err := kubernetes.NewForConfig(admin)
 	if err != nil {
@@ -66,7 +66,9 @@ func debugRBAC(t *testing.T, ctx context.Context, admin *rest.Config) (tokens ma
 		}
 		tokens[sa] = tr.Status.Token
 	}
-	if agent, err = kubernetes.NewForConfig(&rest.Config{Host: admin.Host, BearerToken: tokens["mizar-agent"], TLSClientConfig: admin.TLSClientConfig}); err != nil {
+	// QPS and burst: the agent's --kube-api-qps and --kube-api-burst.
+	agentCfg := &rest.Config{Host: admin.Host, BearerToken: tokens["mizar-agent"], TLSClientConfig: admin.TLSClientConfig, QPS: 200, Burst: 400}
+	if agent, err = kubernetes.NewForConfig(agentCfg); err != nil {
 		t.Fatal(err)
 	}
 	return tokens, agent
@@ -176,4 +178,66 @@ func TestDebugAuthAgainstKubeAPIServer(t *testing.T) {
 	if l := logs.Lines("Debug request refused", `"result"="unauthenticated"`, "/state"); len(l) == 0 {
 		t.Error("no log line for the request without a token")
 	}
+}
+
+// What --debug-auth costs a debug request once its token's review and its
+// decision are cached (every request but the first of a token within
+// DebugAuthCacheTTL), against the same handler open, in one run; and the
+// first request of a token, which asks kube-apiserver twice.
+func BenchmarkDebugAuth(b *testing.B) {
+	wc := workloadcluster.StartAPIServer(b)
+	ctx := context.Background()
+	tokens, agentClient := debugRBAC(b, ctx, wc.Admin)
+	auth, err := NewDebugAuth(agentClient, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux := http.NewServeMux()
+	mux.Handle("/open", ok)
+	mux.Handle(agentapi.PathDrops, auth.Wrap(agentapi.PathDrops, ok))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(b *testing.B, path, token string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("GET %s: %s", path, resp.Status)
+		}
+	}
+	b.Run("open", func(b *testing.B) {
+		for b.Loop() {
+			get(b, "/open", "")
+		}
+	})
+	b.Run("auth-cached", func(b *testing.B) {
+		get(b, agentapi.PathDrops, tokens["mizarctl"])
+		for b.Loop() {
+			get(b, agentapi.PathDrops, tokens["mizarctl"])
+		}
+	})
+	kc, err := kubernetes.NewForConfig(wc.Admin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("auth-first", func(b *testing.B) {
+		// A new token each time: a review and a decision from the API.
+		for b.Loop() {
+			b.StopTimer()
+			tr, err := kc.CoreV1().ServiceAccounts("mizar-system").CreateToken(ctx, "mizarctl", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			get(b, agentapi.PathDrops, tr.Status.Token)
+		}
+	})
 }
