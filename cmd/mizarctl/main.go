@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -28,10 +29,17 @@ func main() {
 	}
 	var kubeconfig, kubeContext string
 	var agentFlags []string
+	agentOpts := mizarctl.AgentOptions{}
 	root := &cobra.Command{Use: use, Short: "Operate mizar: status of droplets, agents and networking objects", SilenceUsage: true, SilenceErrors: true}
 	root.PersistentFlags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
 	root.PersistentFlags().StringVar(&kubeContext, "context", "", "kubeconfig context to use")
-	root.PersistentFlags().StringArrayVar(&agentFlags, "agent", nil, "droplet=URL of a node agent's --health-addr (repeat per droplet), for what only agents know: drops, trace, sysdump")
+	root.PersistentFlags().StringArrayVar(&agentFlags, "agent", nil, "droplet=URL of a node agent's --health-addr (repeat per droplet), for what only agents know: drops, trace, "+
+		"connectivity-test, sysdump. Default: every agent pod (--agent-namespace, --agent-selector), each through a port-forward of the API server (RBAC: create pods/portforward there)")
+	root.PersistentFlags().StringVar(&agentOpts.Namespace, "agent-namespace", mizarctl.DefaultAgentNamespace, "namespace of the agent pods and of --agent-service-account")
+	root.PersistentFlags().StringVar(&agentOpts.Selector, "agent-selector", mizarctl.DefaultAgentSelector, "label selector of the agent pods")
+	root.PersistentFlags().StringVar(&agentOpts.ServiceAccount, "agent-service-account", mizarctl.DefaultAgentServiceAccount, "ServiceAccount (in --agent-namespace) "+
+		"mizarctl requests a short-lived token for when an agent asks for one (agents with --debug-auth; RBAC: create serviceaccounts/token there); "+
+		"without it, the kubeconfig's bearer token, if any, is sent")
 	config := func() (*rest.Config, error) {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		rules.ExplicitPath = kubeconfig
@@ -40,6 +48,20 @@ func main() {
 			return nil, fmt.Errorf("kubeconfig: %w", err)
 		}
 		return cfg, nil
+	}
+	// connectAgents reaches the node agents (close them); with --agent and no
+	// kubeconfig, those agents must not ask for a token.
+	connectAgents := func(ctx context.Context) (*mizarctl.Agents, error) {
+		o := agentOpts
+		o.URLs = agentFlags
+		cfg, err := config()
+		if err != nil {
+			if len(o.URLs) == 0 {
+				return nil, err
+			}
+			cfg = nil
+		}
+		return mizarctl.ConnectAgents(ctx, cfg, o)
 	}
 	client := func() (versioned.Interface, error) {
 		cfg, err := config()
@@ -73,18 +95,19 @@ It exits 1 when anything is not Provisioned, 2 when mizar cannot be asked.`,
 		Long: `trace runs a packet through the programs and maps of each node it reaches (the
 agents' BPF_PROG_TEST_RUN: the real code decides, nothing is sent): the sending pod's node first,
 then every node the packet goes to over the underlay, until it is delivered, dropped (with the
-reason: the counter a real packet would move) or leaves the overlay. Needs --agent for each droplet
-on the way. Exits 1 when the packet is dropped.`,
+reason: the counter a real packet would move) or leaves the overlay. Asks the agent of each droplet
+on the way (see --agent). Exits 1 when the packet is dropped.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := client()
 			if err != nil {
 				return err
 			}
-			agents, err := mizarctl.ParseAgents(agentFlags)
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
+			defer agents.Close()
 			r, err := mizarctl.Trace(cmd.Context(), c, agents, mizarctl.TraceOptions{From: args[0], To: to, Proto: proto, Port: port, Src: src})
 			if r != nil {
 				if perr := r.Print(cmd.OutOrStdout()); perr != nil {
@@ -111,25 +134,23 @@ on the way. Exits 1 when the packet is dropped.`,
 	var wait time.Duration
 	dropsCmd := &cobra.Command{
 		Use:   "drops",
-		Short: "Dropped packets the nodes' programs reported (reason, addresses, VNI), from every --agent",
+		Short: "Dropped packets the nodes' programs reported (reason, addresses, VNI), from every agent",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			agents, err := mizarctl.ParseAgents(agentFlags)
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if len(agents) == 0 {
-				return errors.New("no --agent given: drop events are kept by the agents")
-			}
+			defer agents.Close()
 			var from time.Time
 			if since > 0 {
 				from = time.Now().Add(-since)
 			}
 			rs, err := mizarctl.Drops(cmd.Context(), agents, from, wait)
-			if err != nil {
-				return err
+			if perr := mizarctl.PrintDrops(cmd.OutOrStdout(), rs); perr != nil {
+				return perr
 			}
-			return mizarctl.PrintDrops(cmd.OutOrStdout(), rs)
+			return err // the agents that did not answer, after the others' events
 		},
 	}
 	dropsCmd.Flags().DurationVar(&since, "since", 0, "only events of the last duration (0: all the agents keep)")
@@ -139,7 +160,7 @@ on the way. Exits 1 when the packet is dropped.`,
 	root.AddCommand(&cobra.Command{
 		Use:   "connectivity-test",
 		Short: "Real pings between pods of every pair of droplets (same VPC: answered; other VPCs: not), with a table",
-		Long: `connectivity-test checks every droplet's agent (--agent) and Droplet, then, from one Provisioned pod
+		Long: `connectivity-test checks every droplet's agent (see --agent) and Droplet, then, from one Provisioned pod
 of each droplet and VPC, has the agent ping (from inside that pod) the probe pod of every other
 droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 when anything fails.`,
 		Args: cobra.NoArgs,
@@ -148,10 +169,11 @@ droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 whe
 			if err != nil {
 				return err
 			}
-			agents, err := mizarctl.ParseAgents(agentFlags)
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
 				return err
 			}
+			defer agents.Close()
 			r, err := mizarctl.ConnectivityTest(cmd.Context(), c, agents)
 			if err != nil {
 				return err
@@ -170,17 +192,21 @@ droplet: of the same VPC it must answer, of another VPC it must not. Exits 1 whe
 	var logs []string
 	sysdumpCmd := &cobra.Command{
 		Use:   "sysdump",
-		Short: "One tarball of what a bug report needs: objects, events, status, and every --agent's maps, drops, metrics and logs",
+		Short: "One tarball of what a bug report needs: objects, events, status, and every agent's maps, drops, metrics and logs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := config()
 			if err != nil {
 				return err
 			}
-			agents, err := mizarctl.ParseAgents(agentFlags)
+			// A sysdump of a broken cluster is the one most needed: without
+			// agents it still holds the API's objects.
+			agents, err := connectAgents(cmd.Context())
 			if err != nil {
-				return err
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: no agent state in the sysdump: %v\n", err)
+				agents, _ = mizarctl.ParseAgents(nil)
 			}
+			defer agents.Close()
 			o := mizarctl.SysdumpOptions{Logs: map[string]string{}, PodSelector: podSelector}
 			for _, l := range logs {
 				d, path, ok := strings.Cut(l, "=")

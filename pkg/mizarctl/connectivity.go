@@ -75,7 +75,7 @@ func (p probePod) String() string { return p.droplet + "/" + p.name }
 // pings every other droplet's probe pod of the same VPC (must answer) and of
 // other VPCs (must not: isolation). The probe pods are the first
 // Provisioned endpoint of each (droplet, VPC), by namespace/name.
-func ConnectivityTest(ctx context.Context, c versioned.Interface, agents Agents) (*ConnectivityReport, error) {
+func ConnectivityTest(ctx context.Context, c versioned.Interface, agents *Agents) (*ConnectivityReport, error) {
 	api := c.NetworkingV1alpha1()
 	lo := metav1.ListOptions{}
 	drops, err := api.Droplets().List(ctx, lo)

@@ -2,6 +2,7 @@ package mizarctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -14,8 +15,9 @@ import (
 )
 
 // Drops asks every agent for the drop events it keeps (after since, when
-// not zero; waiting up to wait for one).
-func Drops(ctx context.Context, agents Agents, since time.Time, wait time.Duration) ([]agentapi.DropsResponse, error) {
+// not zero; waiting up to wait for one). It returns the answers of the
+// agents that answered and an error naming each one that did not.
+func Drops(ctx context.Context, agents *Agents, since time.Time, wait time.Duration) ([]agentapi.DropsResponse, error) {
 	q := url.Values{}
 	if !since.IsZero() {
 		q.Set("since", since.Format(time.RFC3339Nano))
@@ -24,17 +26,19 @@ func Drops(ctx context.Context, agents Agents, since time.Time, wait time.Durati
 		q.Set("wait", strconv.FormatFloat(wait.Seconds(), 'f', 3, 64))
 	}
 	var out []agentapi.DropsResponse
+	var errs []error
 	for _, name := range agents.Names() {
 		var r agentapi.DropsResponse
 		if err := agents.call(ctx, name, agentapi.PathDrops+"?"+q.Encode(), nil, &r); err != nil {
-			return out, err
+			errs = append(errs, err)
+			continue
 		}
 		if r.Droplet == "" {
 			r.Droplet = name
 		}
 		out = append(out, r)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // PrintDrops writes the events of every agent as one table.

@@ -42,7 +42,7 @@ type SysdumpOptions struct {
 // entry), drop events, metrics and health, and the logs asked for. What
 // cannot be read is listed in errors.txt instead: a sysdump of a broken
 // cluster is the one most needed. It returns the tarball's file names.
-func Sysdump(ctx context.Context, cfg *rest.Config, agents Agents, o SysdumpOptions, w io.Writer) ([]string, error) {
+func Sysdump(ctx context.Context, cfg *rest.Config, agents *Agents, o SysdumpOptions, w io.Writer) ([]string, error) {
 	if o.MaxLog == 0 {
 		o.MaxLog = 8 << 20
 	}

@@ -47,7 +47,7 @@ const maxTraceHops = 8
 // sending pod's node (its pod program), then each node the packet reaches
 // over the underlay (its underlay program), with the frame the previous one
 // sent, until it is dropped, delivered or leaves the overlay.
-func Trace(ctx context.Context, c versioned.Interface, agents Agents, o TraceOptions) (*TraceReport, error) {
+func Trace(ctx context.Context, c versioned.Interface, agents *Agents, o TraceOptions) (*TraceReport, error) {
 	api := c.NetworkingV1alpha1()
 	from, err := podEndpoint(ctx, c, o.From)
 	if err != nil {

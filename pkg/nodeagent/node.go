@@ -78,6 +78,10 @@ type NodeOptions struct {
 	// HeartbeatNamespace is where the agent renews its heartbeat Lease in
 	// the workload cluster (heartbeat.go); empty: no heartbeat.
 	HeartbeatNamespace string
+	// DebugAuth guards the debug endpoints of HealthAddr (debugauth.go)
+	// through the workload cluster's API; off, they are open to whoever
+	// reaches the address.
+	DebugAuth bool
 }
 
 // NewNodeOptions returns the defaults.
@@ -130,6 +134,9 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 		"(logged, served at /drops); the rest are only counted (0: %d, negative: none)", dataplane.DefaultDropEventBurst))
 	fs.StringVar(&o.HeartbeatNamespace, "heartbeat-namespace", o.HeartbeatNamespace, "namespace of the workload cluster where the agent renews its heartbeat Lease "+
 		"(mizar-agent-<droplet>) every 10 s, which mizarctl status reads (default $POD_NAMESPACE; empty or no workload cluster: none)")
+	fs.BoolVar(&o.DebugAuth, "debug-auth", o.DebugAuth, "authenticate (TokenReview) and authorize (SubjectAccessReview: verb get or post on the non-resource URL "+
+		DebugPathPrefix+"/<path>) every request to --health-addr's debug endpoints ("+agentapi.PathDrops+", /trace/*, "+agentapi.PathState+", "+agentapi.PathProbe+", /policy) "+
+		"through the workload cluster's API; /metrics and /healthz stay open. Off: anyone who reaches the address may read the node's maps and send probes")
 	o.AddStateFlags(fs)
 }
 
@@ -368,15 +375,22 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 		klog.ErrorS(err, "Collecting stale pins failed")
 	}
 	if o.HealthAddr != "" {
+		var auth *DebugAuth
+		if o.DebugAuth {
+			if auth, err = NewDebugAuth(workload, reg); err != nil { // workload: Validate
+				return err
+			}
+		}
 		mux := m.mux()
-		mux.Handle(agentapi.PathDrops, drops)
+		debug := func(path string, h http.Handler) { mux.Handle(path, auth.Wrap(path, h)) }
+		debug(agentapi.PathDrops, drops)
 		tracer := NewTracer(dp, rdp.Pods(), o.Droplet)
-		mux.Handle(agentapi.PathTracePod, tracer)
-		mux.Handle(agentapi.PathTraceUnderlay, tracer)
-		mux.Handle(agentapi.PathState, NewStateDump(dp, rdp.Pods(), o.Droplet))
-		mux.Handle(agentapi.PathProbe, NewProber(dp, rdp.Pods(), srv, o.Droplet))
+		debug(agentapi.PathTracePod, tracer)
+		debug(agentapi.PathTraceUnderlay, tracer)
+		debug(agentapi.PathState, NewStateDump(dp, rdp.Pods(), o.Droplet))
+		debug(agentapi.PathProbe, NewProber(dp, rdp.Pods(), srv, o.Droplet))
 		if policy != nil {
-			mux.Handle("/policy", policy)
+			debug("/policy", policy)
 		}
 		hs := &http.Server{Addr: o.HealthAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
@@ -464,6 +478,9 @@ func (o *NodeOptions) Validate() error {
 	}
 	if o.CNIConflist != "" && (o.CNIConfDir == "" || o.CNIConflistName == "" || strings.Contains(o.CNIConflistName, "/")) {
 		errs = append(errs, fmt.Errorf("--cni-conflist needs --cni-conf-dir and a plain --cni-conflist-name, got %q and %q", o.CNIConfDir, o.CNIConflistName))
+	}
+	if o.DebugAuth && o.Kubeconfig != "" && o.WorkloadKubeconfig == "" {
+		errs = append(errs, errors.New("--debug-auth asks the workload cluster's API: run in-cluster or set --workload-kubeconfig"))
 	}
 	if o.DaemonSet != "" {
 		if _, _, err := ParseNamespacedName(o.DaemonSet, os.Getenv("POD_NAMESPACE")); err != nil {

@@ -128,7 +128,9 @@ func TestHelmChart(t *testing.T) {
 	t.Run("Render", func(t *testing.T) {
 		want := map[string]struct{ has, hasNot []string }{
 			"default": {
-				has: []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "ClusterRole/mz-agent", "Role/mz-agent"},
+				has: []string{"APIService/v1alpha1.networking.mizar.dev", "Deployment/mz-apiserver", "StatefulSet/mz-etcd", "DaemonSet/mz-agent", "Secret/mz-serving", "Secret/mz-etcd-client", "ClusterRole/mz-view", "ClusterRole/mz-edit", "ClusterRole/mz-agent", "Role/mz-agent",
+					// agent.debugAuth: the agents review callers, and mizarctl's ServiceAccount may call.
+					"ClusterRoleBinding/mz-agent:system:auth-delegator", "ClusterRole/mz-agent-debug", "ClusterRoleBinding/mz-agent-debug", "ServiceAccount/mizarctl"},
 				// One replica beside the bundled etcd: no budget that would block every drain.
 				hasNot: []string{"APIService/v1alpha1.broker.mizar.dev", "Certificate/mz-serving", "PodDisruptionBudget/mz-apiserver"},
 			},
@@ -163,6 +165,9 @@ func TestHelmChart(t *testing.T) {
 				// The caBundle is the generated CA, and the serving cert names the Service.
 				if !strings.Contains(r.stdout, "caBundle: ") || strings.Contains(r.stdout, "insecureSkipTLSVerify") {
 					t.Errorf("default values: the APIService lacks a caBundle")
+				}
+				if !strings.Contains(r.stdout, "- --debug-auth\n") || !strings.Contains(r.stdout, `nonResourceURLs: ["/mizar-agent/*"]`) {
+					t.Errorf("default values: the agents do not run with --debug-auth, or no role grants /mizar-agent/*")
 				}
 			case "secrets-external-broker":
 				for _, s := range []string{"--etcd-servers=https://etcd-0.example:2379,https://etcd-1.example:2379", "secretName: my-serving", "secretName: my-etcd-client", "--etcd-prefix=/mizar", "caBundle: Y2EK", "replicas: 3"} {

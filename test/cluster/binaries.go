@@ -52,3 +52,21 @@ func MizarAPIServer(dir string) (string, error) {
 	}
 	return out, nil
 }
+
+// Mizarctl is $MIZARCTL (a prebuilt mizarctl), or mizar.dev/cmd/mizarctl
+// built from this tree into dir.
+func Mizarctl(dir string) (string, error) {
+	if p := os.Getenv("MIZARCTL"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("MIZARCTL: %w", err)
+		}
+		return filepath.Abs(p)
+	}
+	out := filepath.Join(dir, "mizarctl")
+	// go test puts its own toolchain first on PATH, so this builds with the same Go.
+	cmd := exec.Command("go", "build", "-o", out, "mizar.dev/cmd/mizarctl")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building mizarctl (set $MIZARCTL to use a prebuilt one): %w\n%s", err, b)
+	}
+	return out, nil
+}

@@ -78,6 +78,11 @@ func TestCluster(t *testing.T) {
 		e.requireMizar(t)
 		w.checkUpgradeUnderLoad(ctx, t)
 	})
+	// While the test's pods still run on every node (DeleteNamespaces removes them).
+	t.Run("MizarctlOnKind", func(t *testing.T) {
+		e.requireMizar(t)
+		w.checkMizarctl(ctx, t)
+	})
 	t.Run("DeleteNamespaces", func(t *testing.T) { w.checkDeleteNamespaces(ctx, t) })
 	t.Run("HelmUninstallLeavesNoNodeState", func(t *testing.T) {
 		e.requireMizar(t)
