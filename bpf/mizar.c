@@ -17,6 +17,7 @@
 #include "route.h"
 #include "netpol.h"
 #include "dropev.h"
+#include "svc.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -815,6 +816,26 @@ int mizar_pod(struct __sk_buff *skb)
 			return pod_drop(skb, POD_DROP_MALFORMED);
 	}
 	eth = data;
+
+	/* Services (svc.h): compiled out unless enabled, skipped while none
+	 * is programmed. */
+	if (svc_on() && ports && proto != IPPROTO_SCTP) {
+		struct svc_pkt sp = { .saddr = iph->saddr, .daddr = iph->daddr, .ports = ports,
+				      .l4off = ETH_HLEN + iph->ihl * 4, .proto = proto };
+		int sv = svc_xlate(skb, &sp);
+
+		if (sv > 0)
+			return pod_drop(skb, sv);
+		if (sv == SVC_XLATED) {
+			ports = sp.ports;
+			data = (void *)(long)skb->data;
+			data_end = (void *)(long)skb->data_end;
+			eth = data;
+			iph = data + ETH_HLEN;
+			if ((void *)(iph + 1) > data_end)
+				return pod_drop(skb, POD_DROP_MALFORMED);
+		}
+	}
 
 	__u32 daddr = iph->daddr;
 

@@ -215,6 +215,10 @@ enum pod_counter {
 	POD_INTRODUCE,          /* sent with the option that introduces the pod: bounced toward a learned host, or straight from a relay's node */
 	POD_TO_HOST,            /* to an address of this node: passed to the host stack */
 	POD_DROP_FLOOD,         /* broadcast/multicast destination over the pod's rate (flood_rate) */
+	POD_SVC_NAT,            /* to a Service: translated to a backend (svc.h) */
+	POD_SVC_REV_NAT,        /* a backend's reply: source translated back to the Service */
+	POD_DROP_NO_BACKEND,    /* to a Service without backends */
+	POD_DROP_SVC_REWRITE,   /* a Service translation's checksum/store helper failed */
 	POD_MAX,
 };
 

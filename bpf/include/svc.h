@@ -1,0 +1,275 @@
+//go:build ignore
+
+/* Kubernetes Services in the pod program (the kube-proxy replacement's
+ * foundation). A pod's TCP or UDP packet to a Service frontend (VIP, port,
+ * protocol) is translated to one of the Service's backends (DNAT) where it
+ * leaves the pod, before routing; the backend's replies are translated back
+ * (source = VIP:port) where they leave the backend's pod.
+ *
+ *   svc_frontends (vip, port, proto) -> svc id, backend count, affinity, flags
+ *   svc_maglev    flat array, svc id * SVC_MAGLEV_M + slot -> backend id:
+ *                 each Service's Maglev table, built in Go (pkg/dataplane/maglev)
+ *   svc_backends  backend id -> (ip, port)
+ *   svc_ct        LRU: a connection's translation, both ways, so it keeps its
+ *                 backend while it lives and while that backend exists
+ *
+ * Everything here is compiled out unless the loader sets svc_enabled
+ * (Options.Services), and skipped while no frontend is programmed
+ * (svc_state, an inlined array lookup): traffic that is not to a Service
+ * pays one hash lookup (the frontend) and, for the reply check, one more
+ * (svc_ct). Fragments and SCTP are not translated yet. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+
+#include "mizar.h"
+#include "maps.h"
+#include "pkt.h"
+
+/* Limits shared with Go (bpf2go -type svc_limits). M is prime, as Maglev
+ * needs; a change of either replaces the pinned svc_maglev (another size). */
+enum svc_limits {
+	SVC_MAGLEV_M = 1021, /* slots of one Service's Maglev table */
+	SVC_MAX = 1024,      /* frontends (Service ports) per node */
+	SVC_BACKENDS_MAX = 65536,
+	SVC_CT_MAX = 262144, /* tracked connections, both directions */
+};
+
+struct svc_key {
+	__u8 vip[4];
+	__be16 port; /* network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+} __attribute__((aligned(4)));
+
+struct svc {
+	__u32 id;          /* its table: svc_maglev[id * SVC_MAGLEV_M ...] */
+	__u32 nbackends;   /* 0: drop (drop_no_backend) */
+	__u32 affinity_s;  /* sessionAffinity ClientIP timeout; not used yet */
+	__u32 flags;       /* reserved */
+};
+
+struct svc_backend {
+	__u8 ip[4];
+	__be16 port; /* network order */
+	__u8 pad[2];
+} __attribute__((aligned(4)));
+
+enum svc_ct_dir {
+	SVC_CT_FWD = 0, /* client -> VIP: nat is the backend */
+	SVC_CT_REV,     /* backend -> client: nat is the VIP */
+};
+
+/* A packet's 5-tuple as it is on the wire, and the direction the entry is
+ * for (a Service deleted while its connections live must not make a
+ * client's packet look like a backend's reply). */
+struct svc_ct_key {
+	__u8 saddr[4];
+	__u8 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* enum svc_ct_dir */
+	__u8 pad[2];
+} __attribute__((aligned(4)));
+
+struct svc_ct_entry {
+	__u8 nat_ip[4];   /* FWD: the backend; REV: the VIP */
+	__be16 nat_port;
+	__u8 pad[2];
+	__u32 backend_id; /* FWD: still valid while svc_backends holds it as nat */
+	__u32 svc_id;
+};
+
+/* Frontends programmed; 0 = skip everything (Go keeps it). */
+struct svc_info {
+	__u32 nfrontends;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SVC_MAX);
+	__type(key, struct svc_key);
+	__type(value, struct svc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_frontends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SVC_BACKENDS_MAX);
+	__type(key, __u32);
+	__type(value, struct svc_backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_MAX * SVC_MAGLEV_M);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SVC_CT_MAX);
+	__type(key, struct svc_ct_key);
+	__type(value, struct svc_ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct svc_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_state SEC(".maps");
+
+/* Set by the Go loader (Options.Services). */
+volatile const __u32 svc_enabled = 0;
+
+/* Whether any Service is to be translated: the switch, then the count. */
+static __always_inline int svc_on(void)
+{
+	if (!*(const volatile __u32 *)&svc_enabled)
+		return 0;
+	__u32 zero = 0;
+	const struct svc_info *st = bpf_map_lookup_elem(&svc_state, &zero);
+
+	return st && st->nfrontends;
+}
+
+/* Rewrite the packet's address at ip_off and port at port_off (both
+ * network order, old values given) and patch the IPv4 and L4 checksums
+ * with the kernel's helpers (which handle CHECKSUM_PARTIAL packets). */
+static __always_inline int svc_rewrite(struct __sk_buff *skb, __u32 l4off, __u8 proto, __u32 ip_off,
+				       __u32 old_ip, __u32 new_ip, __u32 port_off, __u16 old_port, __u16 new_port)
+{
+	__u32 csum_off = l4off + (proto == IPPROTO_TCP ? __builtin_offsetof(struct tcphdr, check) :
+							 __builtin_offsetof(struct udphdr, check));
+	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (old_ip != new_ip) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_ip, new_ip, BPF_F_PSEUDO_HDR | mangled | 4))
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + __builtin_offsetof(struct iphdr, check), old_ip, new_ip, 4))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ip_off, &new_ip, 4, 0))
+			return -1;
+	}
+	if (old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0))
+			return -1;
+	}
+	return 0;
+}
+
+/* Translate a pod's TCP/UDP packet p if it is to a Service or a
+ * backend's reply. Returns 0 when nothing was done, SVC_XLATED when the
+ * packet was rewritten (p->ports updated; the caller re-reads the rest),
+ * or a pod_counter drop reason. A
+ * subprogram: the plain path's code stays as it was. */
+struct svc_pkt {
+	__u32 saddr; /* network order */
+	__u32 daddr;
+	__u32 ports; /* sport << 16 | dport, host order */
+	__u32 l4off; /* from the start of the frame */
+	__u32 proto;
+};
+
+#define SVC_XLATED (-1)
+
+static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
+{
+	__u32 saddr = p->saddr, daddr = p->daddr, ports = p->ports, l4off = p->l4off, proto = p->proto;
+	__be16 sport = bpf_htons(ports >> 16), dport = bpf_htons(ports & 0xffff);
+	struct svc_key fk = { .port = dport, .proto = proto };
+
+	store_u32(fk.vip, daddr);
+	const struct svc *s = bpf_map_lookup_elem(&svc_frontends, &fk);
+	struct svc_ct_key ck = { .sport = sport, .dport = dport, .proto = proto };
+
+	store_u32(ck.saddr, saddr);
+	store_u32(ck.daddr, daddr);
+
+	if (!s) {
+		/* A backend's reply to a translated connection? */
+		ck.dir = SVC_CT_REV;
+		const struct svc_ct_entry *rev = bpf_map_lookup_elem(&svc_ct, &ck);
+
+		if (!rev)
+			return 0;
+		if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, saddr), saddr, load_u32(rev->nat_ip),
+				l4off + __builtin_offsetof(struct udphdr, source), sport, rev->nat_port))
+			return POD_DROP_SVC_REWRITE;
+		count_pod(POD_SVC_REV_NAT);
+		p->ports = ((__u32)bpf_ntohs(rev->nat_port) << 16) | (ports & 0xffff);
+		return SVC_XLATED;
+	}
+
+	ck.dir = SVC_CT_FWD;
+	struct svc_backend be = {};
+	__u32 bid = 0;
+	const struct svc_ct_entry *fwd = bpf_map_lookup_elem(&svc_ct, &ck);
+
+	if (fwd) {
+		/* The connection keeps its backend while the backend exists. */
+		const struct svc_backend *b = bpf_map_lookup_elem(&svc_backends, &fwd->backend_id);
+
+		if (b && load_u32(b->ip) == load_u32(fwd->nat_ip) && b->port == fwd->nat_port && fwd->svc_id == s->id) {
+			store_u32(be.ip, load_u32(fwd->nat_ip));
+			be.port = fwd->nat_port;
+			bid = fwd->backend_id;
+		} else {
+			fwd = NULL;
+		}
+	}
+	if (!fwd) {
+		if (!s->nbackends)
+			return POD_DROP_NO_BACKEND;
+		/* Maglev: the flow's hash picks a slot of the Service's table. */
+		__u32 slot = s->id * SVC_MAGLEV_M + flow_hash(saddr, daddr, ports, proto) % SVC_MAGLEV_M;
+		const __u32 *id = bpf_map_lookup_elem(&svc_maglev, &slot);
+
+		if (!id)
+			return POD_DROP_NO_BACKEND;
+		bid = *id;
+		const struct svc_backend *b = bpf_map_lookup_elem(&svc_backends, &bid);
+
+		if (!b)
+			return POD_DROP_NO_BACKEND;
+		be = *b;
+
+		struct svc_ct_entry v = { .nat_port = be.port, .backend_id = bid, .svc_id = s->id };
+
+		store_u32(v.nat_ip, load_u32(be.ip));
+		bpf_map_update_elem(&svc_ct, &ck, &v, BPF_ANY);
+
+		/* The reply's tuple: from the backend to the client. */
+		struct svc_ct_key rk = { .sport = be.port, .dport = sport, .proto = proto, .dir = SVC_CT_REV };
+		struct svc_ct_entry rv = { .nat_port = dport, .backend_id = bid, .svc_id = s->id };
+
+		store_u32(rk.saddr, load_u32(be.ip));
+		store_u32(rk.daddr, saddr);
+		store_u32(rv.nat_ip, daddr);
+		bpf_map_update_elem(&svc_ct, &rk, &rv, BPF_ANY);
+	}
+	if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, daddr), daddr, load_u32(be.ip),
+			l4off + __builtin_offsetof(struct udphdr, dest), dport, be.port))
+		return POD_DROP_SVC_REWRITE;
+	count_pod(POD_SVC_NAT);
+	p->ports = (ports & 0xffff0000) | bpf_ntohs(be.port);
+	return SVC_XLATED;
+}
+
+/* Named so that bpf2go -type emits the limits for Go (see dropev.h). */
+const enum svc_limits *unused_svc_limits __attribute__((unused));
