@@ -1,0 +1,298 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"mizar.dev/pkg/dataplane/maglev"
+)
+
+// One host, a client pod and three backend pods, Services translated by
+// the pod program (no kube-proxy, no iptables: the host netns has no rule).
+//
+//	c  10.1.1.10   b1 10.1.1.21   b2 10.1.1.22   b3 10.1.1.23   (VPC 100, host A)
+func buildServiceNet(t *testing.T) *testNet {
+	tn := newTestNet(t, []string{"A"}, []podSpec{
+		{"c", "A", vpc1, "10.1.1.10/24"},
+		{"b1", "A", vpc1, "10.1.1.21/24"},
+		{"b2", "A", vpc1, "10.1.1.22/24"},
+		{"b3", "A", vpc1, "10.1.1.23/24"},
+	})
+	tn.services = true
+	tn.loadMizar(t, tn.hosts["A"])
+	return tn
+}
+
+const nameEchoPort = 7001
+
+// serveNameEcho runs, inside pod p, a TCP service that names p on
+// connect, then echoes every line.
+func serveNameEcho(t *testing.T, p *testPod) {
+	l := p.ns.listen(t, fmt.Sprintf("%s:%d", p.ip, nameEchoPort))
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "%s\n", p.name)
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+// svcConn is a client's connection to a Service and the backend that
+// named itself on it.
+type svcConn struct {
+	c       net.Conn
+	r       *bufio.Reader
+	backend string
+}
+
+func dialService(t *testing.T, p *testPod, dst netip.AddrPort) *svcConn {
+	t.Helper()
+	c, err := p.ns.dial(shortCtx(t), dst.String())
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", p.name, dst, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if got := c.RemoteAddr().(*net.TCPAddr).AddrPort(); netip.AddrPortFrom(got.Addr().Unmap(), got.Port()) != dst {
+		t.Fatalf("connected to %s, want %s", got, dst)
+	}
+	sc := &svcConn{c: c, r: bufio.NewReader(c)}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	name, err := sc.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("%s -> %s: read the backend's name: %v", p.name, dst, err)
+	}
+	sc.backend = strings.TrimSpace(name)
+	return sc
+}
+
+// echo sends a line on the connection and returns the error if it does
+// not come back.
+func (sc *svcConn) echo(msg string) error {
+	_ = sc.c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := sc.c.Write([]byte(msg + "\n")); err != nil {
+		return err
+	}
+	line, err := sc.r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(line) != msg {
+		return fmt.Errorf("echo %q, want %q", strings.TrimSpace(line), msg)
+	}
+	return nil
+}
+
+// slot is the Maglev slot the pod program hashes the connection to.
+func (sc *svcConn) slot(vip netip.Addr, port uint16) int {
+	local := sc.c.LocalAddr().(*net.TCPAddr).AddrPort()
+	ports := uint32(local.Port())<<16 | uint32(port)
+	return int(flowHash(local.Addr().Unmap(), vip, ports, 6) % uint32(MaglevTableSize))
+}
+
+// owners is the backend pod name owning each slot of the table the
+// datapath builds for backends.
+func owners(t *testing.T, backends map[string]netip.AddrPort) []string {
+	t.Helper()
+	var names, pods []string
+	for pod, b := range backends {
+		names = append(names, b.String())
+		pods = append(pods, pod)
+	}
+	table, err := maglev.Table(names, MaglevTableSize)
+	must(t, err)
+	out := make([]string, len(table))
+	for s, i := range table {
+		out[s] = pods[i]
+	}
+	return out
+}
+
+func TestServicesNetns(t *testing.T) {
+	tn := buildServiceNet(t)
+	A := tn.hosts["A"]
+	c := tn.pods["c"]
+	bs := map[string]*testPod{"b1": tn.pods["b1"], "b2": tn.pods["b2"], "b3": tn.pods["b3"]}
+	for _, b := range bs {
+		serveNameEcho(t, b)
+		serveIdentity(t, b)
+		echoUDP(t, b.ns, b.name, netip.AddrPortFrom(b.ip, 5353))
+	}
+	vip := addr("10.96.0.10")
+	web := netip.AddrPortFrom(vip, 80)
+	backendsOf := func(port uint16, pods ...string) ([]netip.AddrPort, map[string]netip.AddrPort) {
+		var list []netip.AddrPort
+		byPod := map[string]netip.AddrPort{}
+		for _, p := range pods {
+			a := netip.AddrPortFrom(bs[p].ip, port)
+			list = append(list, a)
+			byPod[p] = a
+		}
+		return list, byPod
+	}
+	webSvc := func(pods ...string) Service {
+		list, _ := backendsOf(nameEchoPort, pods...)
+		return Service{Frontend: Frontend{VIP: vip, Port: 80, Proto: TCP}, Backends: list}
+	}
+	must(t, A.dp.UpsertService(webSvc("b1", "b2")))
+	bulk, _ := backendsOf(identityPort, "b1", "b2")
+	// The identity service's own port, so exchange dials it on the VIP.
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: vip, Port: identityPort, Proto: TCP}, Backends: bulk}))
+	dns, _ := backendsOf(5353, "b1", "b2")
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: vip, Port: 53, Proto: UDP}, Backends: dns}))
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: addr("10.96.0.11"), Port: 80, Proto: TCP}}))
+
+	t.Run("connections spread over the backends, replies from the VIP", func(t *testing.T) {
+		before := counters(t, A)
+		seen := map[string]int{}
+		for i := range 16 {
+			sc := dialService(t, c, web)
+			seen[sc.backend]++
+			if err := sc.echo(fmt.Sprint("hello ", i)); err != nil {
+				t.Fatalf("echo through %s (backend %s): %v", web, sc.backend, err)
+			}
+			_ = sc.c.Close()
+		}
+		if len(seen) != 2 || seen["b1"] == 0 || seen["b2"] == 0 {
+			t.Fatalf("16 connections reached %v, want both b1 and b2", seen)
+		}
+		after := counters(t, A)
+		if after.Pod["svc_nat"] <= before.Pod["svc_nat"] || after.Pod["svc_rev_nat"] <= before.Pod["svc_rev_nat"] {
+			t.Fatalf("translation counters did not move: %v -> %v", before.Pod, after.Pod)
+		}
+	})
+
+	t.Run("bulk transfer through the VIP", func(t *testing.T) {
+		// Large segments (TSO/GSO on the veths): the checksum fixups must
+		// hold for partial checksums too.
+		data := make([]byte, 4<<20)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		name, sum := exchange(t, c, vip, data)
+		want := sha256.Sum256(data)
+		if (name != "b1" && name != "b2") || sum != hex.EncodeToString(want[:]) {
+			t.Fatalf("answer %q %s, want b1 or b2 and %x", name, sum, want)
+		}
+	})
+
+	t.Run("UDP through the VIP", func(t *testing.T) {
+		// A connected socket: only a reply from the VIP itself is taken.
+		got := udpAsk(t, c.ns, netip.AddrPortFrom(vip, 53), "ping")
+		if got != "b1 ping" && got != "b2 ping" {
+			t.Fatalf("UDP answer %q", got)
+		}
+	})
+
+	t.Run("connections keep their backend when one is added", func(t *testing.T) {
+		_, two := backendsOf(nameEchoPort, "b1", "b2")
+		_, three := backendsOf(nameEchoPort, "b1", "b2", "b3")
+		old, next := owners(t, two), owners(t, three)
+		// Connections until at least one hashes to a slot that b3 takes.
+		var conns []*svcConn
+		moved := 0
+		for i := 0; i < 200 && (len(conns) < 8 || moved == 0); i++ {
+			sc := dialService(t, c, web)
+			s := sc.slot(vip, 80)
+			if sc.backend != old[s] {
+				t.Fatalf("connection hashed to slot %d reached %s, the table says %s", s, sc.backend, old[s])
+			}
+			if next[s] != old[s] {
+				moved++
+			}
+			conns = append(conns, sc)
+		}
+		if moved == 0 {
+			t.Fatal("no connection hashed to a slot b3 would take")
+		}
+		must(t, A.dp.UpsertService(webSvc("b1", "b2", "b3")))
+		for i, sc := range conns {
+			if err := sc.echo(fmt.Sprint("still there ", i)); err != nil {
+				t.Fatalf("connection %d to %s broke when b3 was added: %v", i, sc.backend, err)
+			}
+		}
+		t.Logf("%d long-lived connections kept their backends, %d of them hashed to a slot b3 now owns", len(conns), moved)
+		got := map[string]bool{}
+		for i := 0; i < 60 && !got["b3"]; i++ {
+			sc := dialService(t, c, web)
+			got[sc.backend] = true
+			_ = sc.c.Close()
+		}
+		if !got["b3"] {
+			t.Fatalf("no new connection reached b3: %v", got)
+		}
+	})
+
+	t.Run("removing a backend breaks only its connections", func(t *testing.T) {
+		byBackend := map[string][]*svcConn{}
+		for i := 0; i < 200 && (len(byBackend["b1"]) < 2 || len(byBackend["b2"]) < 2 || len(byBackend["b3"]) < 2); i++ {
+			sc := dialService(t, c, web)
+			byBackend[sc.backend] = append(byBackend[sc.backend], sc)
+		}
+		must(t, A.dp.UpsertService(webSvc("b2", "b3")))
+		for _, b := range []string{"b2", "b3"} {
+			for i, sc := range byBackend[b] {
+				if err := sc.echo(fmt.Sprint("after b1 left ", i)); err != nil {
+					t.Fatalf("connection %d to %s broke when b1 was removed: %v", i, b, err)
+				}
+			}
+		}
+		for i, sc := range byBackend["b1"] {
+			// Re-balanced to b2 or b3, which know no such connection
+			// and reset it.
+			if err := sc.echo(fmt.Sprint("to b1 ", i)); err == nil {
+				t.Fatalf("connection %d to the removed b1 still echoes", i)
+			}
+		}
+		t.Logf("connections: b1 %d (broken), b2 %d, b3 %d (intact)",
+			len(byBackend["b1"]), len(byBackend["b2"]), len(byBackend["b3"]))
+		got, err := A.dp.Services()
+		must(t, err)
+		for _, s := range got {
+			if s.Port == 80 && s.VIP == vip {
+				want, _ := backendsOf(nameEchoPort, "b2", "b3")
+				if !slices.Equal(s.Backends, want) {
+					t.Fatalf("programmed backends %v, want %v", s.Backends, want)
+				}
+			}
+		}
+	})
+
+	t.Run("a Service without backends drops, counted", func(t *testing.T) {
+		before := counters(t, A)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if conn, err := c.ns.dial(ctx, "10.96.0.11:80"); err == nil {
+			_ = conn.Close()
+			t.Fatal("connected to a Service without backends")
+		}
+		after := counters(t, A)
+		if after.Pod["drop_no_backend"] <= before.Pod["drop_no_backend"] {
+			t.Fatalf("drop_no_backend did not move: %d -> %d", before.Pod["drop_no_backend"], after.Pod["drop_no_backend"])
+		}
+	})
+}
