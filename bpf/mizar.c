@@ -274,6 +274,9 @@ int mizar_underlay(struct xdp_md *ctx)
 				return XDP_DROP;
 			}
 		}
+		/* A Service backend's reply from another host (svc.h). */
+		if (svc_on() && svc_rev_xdp(iip, data_end))
+			count_ul(UL_SVC_REV_NAT);
 		/* RFC 6040 normal mode: congestion marked on the underlay reaches
 		 * the pod; the inner DSCP is the sender's (pipe model). */
 		int ecn = ecn_decap(iph->tos, iip->tos);

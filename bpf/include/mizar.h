@@ -187,6 +187,7 @@ enum underlay_counter {
 	UL_LEARN_REFUSED,       /* option named no droplet, this host, or not the endpoint's API host: not learned */
 	UL_DROP_MAC_SPOOF,      /* outer source is a droplet of this L2 segment, the source MAC is no droplet's */
 	UL_DROP_VLAN,           /* Geneve for this host in an 802.1Q/802.1ad tagged frame */
+	UL_SVC_REV_NAT,         /* delivered: a Service backend's reply, source translated back (svc.h) */
 	UL_MAX,
 };
 

@@ -271,5 +271,73 @@ static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 	return SVC_XLATED;
 }
 
+/* Patch a one's complement checksum for a 16-bit word changing from old
+ * to nw (RFC 1624 eqn. 3). */
+static __always_inline void csum_patch16(__sum16 *check, __u16 old, __u16 nw)
+{
+	__u32 sum = (__u16)~*check;
+
+	sum += (__u16)~old;
+	sum += nw;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	*check = (__u16)~sum;
+}
+
+/* The underlay's delivery into a pod: a backend's reply that crossed from
+ * another host (whose pod program holds no entry for it: the connection
+ * was translated here, at the client's host) gets its source translated
+ * back to the Service. XDP has no checksum helpers; the frame's checksums
+ * are complete (nothing offloads them inside Geneve), so they are patched
+ * in place. Returns 1 when it translated. */
+static __always_inline int svc_rev_xdp(struct iphdr *iip, void *data_end)
+{
+	if (iip->ihl != 5 || (iip->frag_off & bpf_htons(IP_MF | IP_OFFMASK)))
+		return 0;
+	__u8 proto = iip->protocol;
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 0;
+	__u8 *l4 = (void *)(iip + 1);
+
+	if ((void *)(l4 + 8) > data_end)
+		return 0;
+	struct svc_ct_key ck = { .proto = proto, .dir = SVC_CT_REV };
+
+	store_u32(ck.saddr, iip->saddr);
+	store_u32(ck.daddr, iip->daddr);
+	ck.sport = *(__be16 *)l4;
+	ck.dport = *(__be16 *)(l4 + 2);
+	const struct svc_ct_entry *rev = bpf_map_lookup_elem(&svc_ct, &ck);
+
+	if (!rev)
+		return 0;
+	__sum16 *l4check = (void *)(l4 + 6);
+
+	if (proto == IPPROTO_TCP) {
+		if ((void *)(l4 + sizeof(struct tcphdr)) > data_end)
+			return 0;
+		l4check = (void *)(l4 + 16);
+	}
+	int l4sum = proto == IPPROTO_TCP || *l4check; /* UDP: 0 = no checksum */
+	__u16 *oldw = (__u16 *)&iip->saddr;
+	__u32 nip = load_u32(rev->nat_ip);
+	__u16 *neww = (__u16 *)&nip;
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		csum_patch16(&iip->check, oldw[i], neww[i]);
+		if (l4sum)
+			csum_patch16(l4check, oldw[i], neww[i]);
+	}
+	iip->saddr = nip;
+	if (l4sum)
+		csum_patch16(l4check, *(__u16 *)l4, rev->nat_port);
+	*(__be16 *)l4 = rev->nat_port;
+	if (proto == IPPROTO_UDP && l4sum && *l4check == 0)
+		*l4check = 0xffff;
+	return 1;
+}
+
 /* Named so that bpf2go -type emits the limits for Go (see dropev.h). */
 const enum svc_limits *unused_svc_limits __attribute__((unused));

@@ -419,7 +419,8 @@ const (
 	mizarUnderlayCounterUL_LEARN_REFUSED       mizarUnderlayCounter = 27
 	mizarUnderlayCounterUL_DROP_MAC_SPOOF      mizarUnderlayCounter = 28
 	mizarUnderlayCounterUL_DROP_VLAN           mizarUnderlayCounter = 29
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 30
+	mizarUnderlayCounterUL_SVC_REV_NAT         mizarUnderlayCounter = 30
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 31
 )
 
 type mizarVpc struct {

@@ -296,3 +296,73 @@ func TestServicesNetns(t *testing.T) {
 		}
 	})
 }
+
+// Two hosts: the backend's replies cross the underlay and are translated
+// back where the connection was translated, at the client's host, by the
+// underlay program as it delivers them.
+//
+//	c  10.1.1.10 (A)   b1 10.1.1.21 (A)   b2 10.1.1.22 (B)
+func TestServicesAcrossHosts(t *testing.T) {
+	tn := newTestNet(t, []string{"A", "B"}, []podSpec{
+		{"c", "A", vpc1, "10.1.1.10/24"},
+		{"b1", "A", vpc1, "10.1.1.21/24"},
+		{"b2", "B", vpc1, "10.1.1.22/24"},
+	})
+	tn.wireMode(t)
+	tn.services = true
+	A, B := tn.hosts["A"], tn.hosts["B"]
+	tn.loadMizar(t, A)
+	tn.loadMizar(t, B)
+	c, b1, b2 := tn.pods["c"], tn.pods["b1"], tn.pods["b2"]
+	tn.remoteEndpoint(t, A, b2)
+	tn.remoteEndpoint(t, B, c)
+	for _, b := range []*testPod{b1, b2} {
+		serveNameEcho(t, b)
+		serveIdentity(t, b)
+		echoUDP(t, b.ns, b.name, netip.AddrPortFrom(b.ip, 5353))
+	}
+	vip, remoteOnly := addr("10.96.0.10"), addr("10.96.0.12")
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: vip, Port: 80, Proto: TCP},
+		Backends: []netip.AddrPort{netip.AddrPortFrom(b1.ip, nameEchoPort), netip.AddrPortFrom(b2.ip, nameEchoPort)}}))
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: remoteOnly, Port: identityPort, Proto: TCP},
+		Backends: []netip.AddrPort{netip.AddrPortFrom(b2.ip, identityPort)}}))
+	must(t, A.dp.UpsertService(Service{Frontend: Frontend{VIP: remoteOnly, Port: 53, Proto: UDP},
+		Backends: []netip.AddrPort{netip.AddrPortFrom(b2.ip, 5353)}}))
+
+	before := counters(t, A)
+	seen := map[string]int{}
+	for i := range 16 {
+		sc := dialService(t, c, netip.AddrPortFrom(vip, 80))
+		seen[sc.backend]++
+		if err := sc.echo(fmt.Sprint("hello ", i)); err != nil {
+			t.Fatalf("echo through the VIP (backend %s): %v", sc.backend, err)
+		}
+		_ = sc.c.Close()
+	}
+	if seen["b1"] == 0 || seen["b2"] == 0 {
+		t.Fatalf("16 connections reached %v, want the local b1 and the remote b2", seen)
+	}
+
+	// Full-size segments across the underlay (wire mode), checksums
+	// patched per segment.
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	name, sum := exchange(t, c, remoteOnly, data)
+	want := sha256.Sum256(data)
+	if name != "b2" || sum != hex.EncodeToString(want[:]) {
+		t.Fatalf("answer %q %s, want b2 and %x", name, sum, want)
+	}
+	if got := udpAsk(t, c.ns, netip.AddrPortFrom(remoteOnly, 53), "ping"); got != "b2 ping" {
+		t.Fatalf("UDP answer %q, want %q", got, "b2 ping")
+	}
+	after := counters(t, A)
+	if after.Underlay["svc_rev_nat"] <= before.Underlay["svc_rev_nat"] {
+		t.Fatalf("A's underlay translated no reply: %v", after.Underlay)
+	}
+	// B programs no Service: its pod program skips the translation.
+	if bc := counters(t, B); bc.Pod["svc_nat"]+bc.Pod["svc_rev_nat"] != 0 {
+		t.Fatalf("B translated: %v", bc.Pod)
+	}
+}
