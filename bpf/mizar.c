@@ -822,9 +822,11 @@ int mizar_pod(struct __sk_buff *skb)
 
 	/* Services (svc.h): compiled out unless enabled, skipped while none
 	 * is programmed. */
-	if (svc_on() && ports && proto != IPPROTO_SCTP) {
+	__u32 svc_m = svc_on() && ports && proto != IPPROTO_SCTP ? svc_maybe(ports >> 16, ports & 0xffff) : 0;
+
+	if (svc_m) {
 		struct svc_pkt sp = { .saddr = iph->saddr, .daddr = iph->daddr, .ports = ports,
-				      .l4off = ETH_HLEN + iph->ihl * 4, .proto = proto };
+				      .l4off = ETH_HLEN + iph->ihl * 4, .proto = proto, .maybe = svc_m };
 		int sv = svc_xlate(skb, &sp);
 
 		if (sv > 0)

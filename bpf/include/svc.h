@@ -86,6 +86,46 @@ struct svc_ct_entry {
 	__u32 svc_id;
 };
 
+/* svc_ports[port / 32]: bit port % 32 set when some frontend listens on
+ * the port (frontend) or some backend serves from it (backend). Plain
+ * pod traffic (to no Service port, from no backend port) pays these two
+ * inlined array lookups instead of the frontend and connection lookups.
+ * Go sets a port's bits before the entries that need them and clears them
+ * after. */
+struct svc_port_bits {
+	__u32 frontend;
+	__u32 backend;
+};
+
+#define SVC_PORT_WORDS (65536 / 32)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SVC_PORT_WORDS);
+	__type(key, __u32);
+	__type(value, struct svc_port_bits);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_ports SEC(".maps");
+
+#define SVC_MAYBE_FRONTEND 1
+#define SVC_MAYBE_REPLY 2
+
+/* Could a packet with these ports (sport << 16 | dport, host order) be to
+ * a Service or a backend's reply? SVC_MAYBE_* bits. */
+static __always_inline __u32 svc_maybe(__u32 sport, __u32 dport)
+{
+	__u32 k = dport >> 5, m = 0;
+	const struct svc_port_bits *b = bpf_map_lookup_elem(&svc_ports, &k);
+
+	if (b && ((b->frontend >> (dport & 31)) & 1))
+		m |= SVC_MAYBE_FRONTEND;
+	k = sport >> 5;
+	b = bpf_map_lookup_elem(&svc_ports, &k);
+	if (b && ((b->backend >> (sport & 31)) & 1))
+		m |= SVC_MAYBE_REPLY;
+	return m;
+}
+
 /* Frontends programmed; 0 = skip everything (Go keeps it). */
 struct svc_info {
 	__u32 nfrontends;
@@ -184,6 +224,7 @@ struct svc_pkt {
 	__u32 ports; /* sport << 16 | dport, host order */
 	__u32 l4off; /* from the start of the frame */
 	__u32 proto;
+	__u32 maybe; /* svc_maybe's answer, not 0 */
 };
 
 #define SVC_XLATED (-1)
@@ -195,7 +236,7 @@ static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 	struct svc_key fk = { .port = dport, .proto = proto };
 
 	store_u32(fk.vip, daddr);
-	const struct svc *s = bpf_map_lookup_elem(&svc_frontends, &fk);
+	const struct svc *s = p->maybe & SVC_MAYBE_FRONTEND ? bpf_map_lookup_elem(&svc_frontends, &fk) : NULL;
 	struct svc_ct_key ck = { .sport = sport, .dport = dport, .proto = proto };
 
 	store_u32(ck.saddr, saddr);
@@ -203,6 +244,8 @@ static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 
 	if (!s) {
 		/* A backend's reply to a translated connection? */
+		if (!(p->maybe & SVC_MAYBE_REPLY))
+			return 0;
 		ck.dir = SVC_CT_REV;
 		const struct svc_ct_entry *rev = bpf_map_lookup_elem(&svc_ct, &ck);
 
@@ -301,6 +344,8 @@ static __always_inline int svc_rev_xdp(struct iphdr *iip, void *data_end)
 	__u8 *l4 = (void *)(iip + 1);
 
 	if ((void *)(l4 + 8) > data_end)
+		return 0;
+	if (!(svc_maybe(bpf_ntohs(*(__be16 *)l4), 0) & SVC_MAYBE_REPLY))
 		return 0;
 	struct svc_ct_key ck = { .proto = proto, .dir = SVC_CT_REV };
 

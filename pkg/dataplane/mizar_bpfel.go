@@ -359,6 +359,12 @@ const (
 	mizarSvcLimitsSVC_CT_MAX       mizarSvcLimits = 262144
 )
 
+type mizarSvcPortBits struct {
+	_        structs.HostLayout
+	Frontend uint32
+	Backend  uint32
+}
+
 type mizarUlFlow struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -463,6 +469,7 @@ const (
 	mizarMapSvcCt           = "svc_ct"
 	mizarMapSvcFrontends    = "svc_frontends"
 	mizarMapSvcMaglev       = "svc_maglev"
+	mizarMapSvcPorts        = "svc_ports"
 	mizarMapSvcState        = "svc_state"
 	mizarMapUlFlows         = "ul_flows"
 	mizarMapUnderlayStats   = "underlay_stats"
@@ -560,6 +567,7 @@ type mizarMapSpecs struct {
 	SvcCt         *ebpf.MapSpec `ebpf:"svc_ct"`
 	SvcFrontends  *ebpf.MapSpec `ebpf:"svc_frontends"`
 	SvcMaglev     *ebpf.MapSpec `ebpf:"svc_maglev"`
+	SvcPorts      *ebpf.MapSpec `ebpf:"svc_ports"`
 	SvcState      *ebpf.MapSpec `ebpf:"svc_state"`
 	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
@@ -631,6 +639,7 @@ type mizarMaps struct {
 	SvcCt         *ebpf.Map `ebpf:"svc_ct"`
 	SvcFrontends  *ebpf.Map `ebpf:"svc_frontends"`
 	SvcMaglev     *ebpf.Map `ebpf:"svc_maglev"`
+	SvcPorts      *ebpf.Map `ebpf:"svc_ports"`
 	SvcState      *ebpf.Map `ebpf:"svc_state"`
 	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
@@ -669,6 +678,7 @@ func (m *mizarMaps) Close() error {
 		m.SvcCt,
 		m.SvcFrontends,
 		m.SvcMaglev,
+		m.SvcPorts,
 		m.SvcState,
 		m.UlFlows,
 		m.UnderlayStats,

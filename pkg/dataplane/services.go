@@ -89,6 +89,7 @@ type svcState struct {
 	ids      map[Frontend]uint32           // frontend -> Service id
 	backends map[netip.AddrPort]uint32     // backend -> backend id
 	members  map[Frontend][]netip.AddrPort // the backends each frontend's table holds
+	ports    map[uint32]mizarSvcPortBits   // svc_ports as written (non-zero words)
 }
 
 func (d *Datapath) svc() (*svcState, error) {
@@ -99,6 +100,18 @@ func (d *Datapath) svc() (*svcState, error) {
 	s.ids = map[Frontend]uint32{}
 	s.backends = map[netip.AddrPort]uint32{}
 	s.members = map[Frontend][]netip.AddrPort{}
+	s.ports = map[uint32]mizarSvcPortBits{}
+	var word uint32
+	var bits mizarSvcPortBits
+	pit := d.objs.SvcPorts.Iterate()
+	for pit.Next(&word, &bits) {
+		if bits.Frontend|bits.Backend != 0 {
+			s.ports[word] = bits
+		}
+	}
+	if err := pit.Err(); err != nil {
+		return nil, fmt.Errorf("read Service ports: %w", err)
+	}
 	// Read back what an earlier agent programmed, so its ids stay.
 	byID := map[uint32]netip.AddrPort{}
 	var bid uint32
@@ -214,6 +227,13 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 	slices.SortFunc(backends, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	backends = slices.Compact(backends)
 
+	// The ports' bits first: the program looks no further without them.
+	want := st.wantPorts()
+	want.add(s.Port, backends)
+	if err := d.writePorts(st, want, true); err != nil {
+		return err
+	}
+
 	id, ok := st.ids[s.Frontend]
 	if !ok {
 		var err error
@@ -260,7 +280,63 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 	if err := d.writeSvcCount(len(st.ids)); err != nil {
 		return err
 	}
-	return d.gcBackends(st)
+	if err := d.gcBackends(st); err != nil {
+		return err
+	}
+	return d.writePorts(st, st.wantPorts(), false)
+}
+
+// portBits is svc_ports' contents by word.
+type portBits map[uint32]mizarSvcPortBits
+
+func (p portBits) add(frontend uint16, backends []netip.AddrPort) {
+	w := p[uint32(frontend)/32]
+	w.Frontend |= 1 << (frontend % 32)
+	p[uint32(frontend)/32] = w
+	for _, b := range backends {
+		w := p[uint32(b.Port())/32]
+		w.Backend |= 1 << (b.Port() % 32)
+		p[uint32(b.Port())/32] = w
+	}
+}
+
+// wantPorts is svc_ports for the Services programmed.
+func (st *svcState) wantPorts() portBits {
+	p := portBits{}
+	for f := range st.ids {
+		p.add(f.Port, st.members[f])
+	}
+	return p
+}
+
+// writePorts writes want into svc_ports, only adding bits when onlyAdd.
+func (d *Datapath) writePorts(st *svcState, want portBits, onlyAdd bool) error {
+	words := map[uint32]bool{}
+	for w := range want {
+		words[w] = true
+	}
+	for w := range st.ports {
+		words[w] = true
+	}
+	for w := range words {
+		have, v := st.ports[w], want[w]
+		if onlyAdd {
+			v.Frontend |= have.Frontend
+			v.Backend |= have.Backend
+		}
+		if v == have {
+			continue
+		}
+		if err := d.objs.SvcPorts.Update(w, v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write Service ports: %w", err)
+		}
+		if v.Frontend|v.Backend == 0 {
+			delete(st.ports, w)
+		} else {
+			st.ports[w] = v
+		}
+	}
+	return nil
 }
 
 func (d *Datapath) writeMaglev(id uint32, vals []uint32) error {
@@ -333,7 +409,10 @@ func (d *Datapath) deleteService(st *svcState, f Frontend) error {
 	if err := d.writeSvcCount(len(st.ids)); err != nil {
 		return err
 	}
-	return d.gcBackends(st)
+	if err := d.gcBackends(st); err != nil {
+		return err
+	}
+	return d.writePorts(st, st.wantPorts(), false)
 }
 
 // SetServices makes all the Services programmed: each upserted, every

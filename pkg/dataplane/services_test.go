@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -61,6 +62,9 @@ func TestServiceProgramming(t *testing.T) {
 			t.Fatalf("slot %d names backend id %d, want %d (%s)", s, table[s], bids[order[want[s]]], order[want[s]])
 		}
 	}
+
+	// The port filter names the frontends' and the backends' ports.
+	expectPortBits(t, d, map[uint16]string{80: "frontend", 53: "frontend", 7000: "backend", 5353: "backend"})
 
 	// A third backend: the others keep their ids.
 	web.Backends = append(web.Backends, ap("10.1.1.13:7000"))
@@ -125,6 +129,29 @@ func TestServiceProgramming(t *testing.T) {
 	must(t, d2.objs.SvcState.Lookup(uint32(0), &info))
 	if len(got) != 0 || len(bids5) != 0 || info.Nfrontends != 0 {
 		t.Fatalf("after delete: Services %v, backend ids %v, count %d", got, bids5, info.Nfrontends)
+	}
+	expectPortBits(t, d2, map[uint16]string{})
+}
+
+// expectPortBits checks svc_ports holds exactly the given ports' bits.
+func expectPortBits(t *testing.T, d *Datapath, want map[uint16]string) {
+	t.Helper()
+	got := map[uint16]string{}
+	var w uint32
+	var b mizarSvcPortBits
+	for it := d.objs.SvcPorts.Iterate(); it.Next(&w, &b); {
+		for i := range uint32(32) {
+			port := uint16(w*32 + i)
+			if b.Frontend>>i&1 != 0 {
+				got[port] += "frontend"
+			}
+			if b.Backend>>i&1 != 0 {
+				got[port] += "backend"
+			}
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("svc_ports holds %v, want %v", got, want)
 	}
 }
 
