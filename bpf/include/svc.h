@@ -12,6 +12,7 @@
  *   svc_backends  backend id -> (ip, port)
  *   svc_ct        LRU: a connection's translation, both ways, so it keeps its
  *                 backend while it lives and while that backend exists
+ *   svc_affinities LRU: sessionAffinity ClientIP, (svc id, client) -> backend
  *
  * Everything here is compiled out unless the loader sets svc_enabled
  * (Options.Services), and skipped while no frontend is programmed
@@ -38,6 +39,7 @@ enum svc_limits {
 	SVC_MAX = 1024,      /* frontends (Service ports) per node */
 	SVC_BACKENDS_MAX = 65536,
 	SVC_CT_MAX = 262144, /* tracked connections, both directions */
+	SVC_AFFINITY_MAX = 65536, /* (Service, client) pairs with ClientIP affinity */
 };
 
 struct svc_key {
@@ -50,7 +52,7 @@ struct svc_key {
 struct svc {
 	__u32 id;          /* its table: svc_maglev[id * SVC_MAGLEV_M ...] */
 	__u32 nbackends;   /* 0: drop (drop_no_backend) */
-	__u32 affinity_s;  /* sessionAffinity ClientIP timeout; not used yet */
+	__u32 affinity_s;  /* sessionAffinity ClientIP timeout (s); 0 = none */
 	__u32 flags;       /* reserved */
 };
 
@@ -125,6 +127,31 @@ static __always_inline __u32 svc_maybe(__u32 sport, __u32 dport)
 		m |= SVC_MAYBE_REPLY;
 	return m;
 }
+
+/* sessionAffinity ClientIP: (Service, client) -> the backend its last new
+ * connection got, until expires. A new connection within the timeout goes
+ * to the same backend while it exists, and renews the entry (kube-proxy's
+ * "recent" rule does the same). */
+struct svc_affinity_key {
+	__u32 svc_id;
+	__u8 client[4];
+};
+
+struct svc_affinity {
+	__u64 expires; /* bpf_ktime_get_ns */
+	__u32 backend_id;
+	__u8 ip[4];    /* the backend, to see an id re-used for another */
+	__be16 port;
+	__u8 pad[6];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SVC_AFFINITY_MAX);
+	__type(key, struct svc_affinity_key);
+	__type(value, struct svc_affinity);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_affinities SEC(".maps");
 
 /* Frontends programmed; 0 = skip everything (Go keeps it). */
 struct svc_info {
@@ -279,18 +306,44 @@ static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 	if (!fwd) {
 		if (!s->nbackends)
 			return POD_DROP_NO_BACKEND;
-		/* Maglev: the flow's hash picks a slot of the Service's table. */
-		__u32 slot = s->id * SVC_MAGLEV_M + flow_hash(saddr, daddr, ports, proto) % SVC_MAGLEV_M;
-		const __u32 *id = bpf_map_lookup_elem(&svc_maglev, &slot);
+		const struct svc_backend *b = NULL;
+		struct svc_affinity_key ak = { .svc_id = s->id };
+		__u64 now = 0;
 
-		if (!id)
-			return POD_DROP_NO_BACKEND;
-		bid = *id;
-		const struct svc_backend *b = bpf_map_lookup_elem(&svc_backends, &bid);
+		store_u32(ak.client, saddr);
+		if (s->affinity_s) {
+			/* The client's backend while it lasts and still exists. */
+			const struct svc_affinity *a = bpf_map_lookup_elem(&svc_affinities, &ak);
 
-		if (!b)
-			return POD_DROP_NO_BACKEND;
+			now = bpf_ktime_get_ns();
+			if (a && a->expires > now) {
+				b = bpf_map_lookup_elem(&svc_backends, &a->backend_id);
+				if (b && load_u32(b->ip) == load_u32(a->ip) && b->port == a->port)
+					bid = a->backend_id;
+				else
+					b = NULL;
+			}
+		}
+		if (!b) {
+			/* Maglev: the flow's hash picks a slot of the Service's table. */
+			__u32 slot = s->id * SVC_MAGLEV_M + flow_hash(saddr, daddr, ports, proto) % SVC_MAGLEV_M;
+			const __u32 *id = bpf_map_lookup_elem(&svc_maglev, &slot);
+
+			if (!id)
+				return POD_DROP_NO_BACKEND;
+			bid = *id;
+			b = bpf_map_lookup_elem(&svc_backends, &bid);
+			if (!b)
+				return POD_DROP_NO_BACKEND;
+		}
 		be = *b;
+		if (s->affinity_s) {
+			struct svc_affinity av = { .expires = now + (__u64)s->affinity_s * 1000000000ULL, .backend_id = bid,
+						   .port = be.port };
+
+			store_u32(av.ip, load_u32(be.ip));
+			bpf_map_update_elem(&svc_affinities, &ak, &av, BPF_ANY);
+		}
 
 		struct svc_ct_entry v = { .nat_port = be.port, .backend_id = bid, .svc_id = s->id };
 

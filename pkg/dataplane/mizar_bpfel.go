@@ -309,6 +309,21 @@ type mizarSvc struct {
 	Flags     uint32
 }
 
+type mizarSvcAffinity struct {
+	_         structs.HostLayout
+	Expires   uint64
+	BackendId uint32
+	Ip        [4]uint8
+	Port      uint16
+	Pad       [6]uint8
+}
+
+type mizarSvcAffinityKey struct {
+	_      structs.HostLayout
+	SvcId  uint32
+	Client [4]uint8
+}
+
 type mizarSvcBackend struct {
 	_    structs.HostLayout
 	Ip   [4]uint8
@@ -357,6 +372,7 @@ const (
 	mizarSvcLimitsSVC_MAX          mizarSvcLimits = 1024
 	mizarSvcLimitsSVC_BACKENDS_MAX mizarSvcLimits = 65536
 	mizarSvcLimitsSVC_CT_MAX       mizarSvcLimits = 262144
+	mizarSvcLimitsSVC_AFFINITY_MAX mizarSvcLimits = 65536
 )
 
 type mizarSvcPortBits struct {
@@ -465,6 +481,7 @@ const (
 	mizarMapRelays          = "relays"
 	mizarMapRtFlows         = "rt_flows"
 	mizarMapSubnets         = "subnets"
+	mizarMapSvcAffinities   = "svc_affinities"
 	mizarMapSvcBackends     = "svc_backends"
 	mizarMapSvcCt           = "svc_ct"
 	mizarMapSvcFrontends    = "svc_frontends"
@@ -563,6 +580,7 @@ type mizarMapSpecs struct {
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
 	RtFlows       *ebpf.MapSpec `ebpf:"rt_flows"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
+	SvcAffinities *ebpf.MapSpec `ebpf:"svc_affinities"`
 	SvcBackends   *ebpf.MapSpec `ebpf:"svc_backends"`
 	SvcCt         *ebpf.MapSpec `ebpf:"svc_ct"`
 	SvcFrontends  *ebpf.MapSpec `ebpf:"svc_frontends"`
@@ -635,6 +653,7 @@ type mizarMaps struct {
 	Relays        *ebpf.Map `ebpf:"relays"`
 	RtFlows       *ebpf.Map `ebpf:"rt_flows"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
+	SvcAffinities *ebpf.Map `ebpf:"svc_affinities"`
 	SvcBackends   *ebpf.Map `ebpf:"svc_backends"`
 	SvcCt         *ebpf.Map `ebpf:"svc_ct"`
 	SvcFrontends  *ebpf.Map `ebpf:"svc_frontends"`
@@ -674,6 +693,7 @@ func (m *mizarMaps) Close() error {
 		m.Relays,
 		m.RtFlows,
 		m.Subnets,
+		m.SvcAffinities,
 		m.SvcBackends,
 		m.SvcCt,
 		m.SvcFrontends,

@@ -74,8 +74,9 @@ func (f Frontend) String() string {
 type Service struct {
 	Frontend
 	Backends []netip.AddrPort
-	// AffinityTimeout is sessionAffinity ClientIP's timeout; recorded in
-	// the map, not applied yet.
+	// AffinityTimeout is sessionAffinity ClientIP's timeout: a client's
+	// new connections go to the backend of its last one while it is this
+	// recent (and the backend exists); 0 means no affinity. Whole seconds.
 	AffinityTimeout time.Duration
 }
 
@@ -181,7 +182,7 @@ func (s *Service) validate() error {
 	if s.Proto != TCP && s.Proto != UDP {
 		return fmt.Errorf("Service %s: only TCP and UDP are translated", s.Frontend)
 	}
-	if s.AffinityTimeout < 0 || s.AffinityTimeout > 24*time.Hour*365 {
+	if s.AffinityTimeout < 0 || s.AffinityTimeout > 0 && s.AffinityTimeout < time.Second || s.AffinityTimeout > 24*time.Hour*365 {
 		return fmt.Errorf("Service %s: affinity timeout %v out of range", s.Frontend, s.AffinityTimeout)
 	}
 	if len(s.Backends) > MaglevTableSize {

@@ -282,6 +282,51 @@ func TestServicesNetns(t *testing.T) {
 		}
 	})
 
+	t.Run("ClientIP affinity holds for its timeout", func(t *testing.T) {
+		list, three := backendsOf(nameEchoPort, "b1", "b2", "b3")
+		sticky := Service{Frontend: Frontend{VIP: vip, Port: 82, Proto: TCP}, Backends: list, AffinityTimeout: 2 * time.Second}
+		must(t, A.dp.UpsertService(sticky))
+		table := owners(t, three)
+		dst := netip.AddrPortFrom(vip, 82)
+		first := dialService(t, c, dst)
+		_ = first.c.Close()
+		// Within the timeout every new connection goes to the first's
+		// backend, also those whose Maglev slot names another.
+		otherSlot := 0
+		for range 12 {
+			sc := dialService(t, c, dst)
+			if sc.backend != first.backend {
+				t.Fatalf("a connection within the affinity timeout reached %s, the client's backend is %s", sc.backend, first.backend)
+			}
+			if table[sc.slot(vip, 82)] != first.backend {
+				otherSlot++
+			}
+			_ = sc.c.Close()
+		}
+		if otherSlot == 0 {
+			t.Fatal("every connection hashed to its affinity backend's slot: the test proves nothing")
+		}
+		// Past the timeout the Maglev slot decides again: wait until a
+		// connection's slot names another backend than the last one.
+		last := first.backend
+		for try := 0; ; try++ {
+			time.Sleep(2100 * time.Millisecond)
+			sc := dialService(t, c, dst)
+			_ = sc.c.Close()
+			owner := table[sc.slot(vip, 82)]
+			if sc.backend != owner {
+				t.Fatalf("after the timeout a connection reached %s, its slot names %s", sc.backend, owner)
+			}
+			if owner != last {
+				break
+			}
+			if try == 4 {
+				t.Fatalf("5 connections after the timeout all hashed to %s", last)
+			}
+			last = sc.backend
+		}
+	})
+
 	t.Run("a Service without backends drops, counted", func(t *testing.T) {
 		before := counters(t, A)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket/layers"
 
@@ -158,10 +159,11 @@ func expectPortBits(t *testing.T, d *Datapath, want map[uint16]string) {
 func TestServiceRefused(t *testing.T) {
 	d := loadSvcTest(t, testPinRoot(t))
 	for name, s := range map[string]Service{
-		"IPv6 VIP":     {Frontend: Frontend{VIP: addr("fd00::1"), Port: 80, Proto: TCP}},
-		"port 0":       {Frontend: Frontend{VIP: vip1, Port: 0, Proto: TCP}},
-		"SCTP":         {Frontend: Frontend{VIP: vip1, Port: 80, Proto: 132}},
-		"backend port": {Frontend: Frontend{VIP: vip1, Port: 80, Proto: TCP}, Backends: []netip.AddrPort{ap("10.1.1.1:0")}},
+		"IPv6 VIP":          {Frontend: Frontend{VIP: addr("fd00::1"), Port: 80, Proto: TCP}},
+		"port 0":            {Frontend: Frontend{VIP: vip1, Port: 0, Proto: TCP}},
+		"SCTP":              {Frontend: Frontend{VIP: vip1, Port: 80, Proto: 132}},
+		"backend port":      {Frontend: Frontend{VIP: vip1, Port: 80, Proto: TCP}, Backends: []netip.AddrPort{ap("10.1.1.1:0")}},
+		"affinity under 1s": {Frontend: Frontend{VIP: vip1, Port: 80, Proto: TCP}, AffinityTimeout: 500 * time.Millisecond},
 	} {
 		if err := d.UpsertService(s); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -120,7 +120,7 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 		"subnet, else of --host-vpc. Off: the programs carry no policy code. Service traffic reaches pods from the node's address (SNAT), so policies see the node, not the client pod")
 	fs.StringVar(&o.Services, "services", o.Services, "who translates the workload cluster's ClusterIP Services for pods: "+ServicesKubeProxy+
 		" (kube-proxy, which must then run) or "+ServicesBPF+" (the pod program, from the agent's watch of Services and EndpointSlices; "+
-		"TCP and UDP ClusterIPs only so far: NodePort, externalIPs, host-network clients and session affinity still need kube-proxy)")
+		"TCP and UDP ClusterIPs only so far: NodePort, externalIPs and host-network clients still need kube-proxy)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
 	fs.StringVar(&o.DaemonSet, "daemonset", o.DaemonSet, "the agent's own DaemonSet, namespace/name (a bare name: in $POD_NAMESPACE); when it is deleted, "+

@@ -8,8 +8,8 @@
 // LoadBalancer Services), TCP and UDP, named ports (matched by name in the
 // EndpointSlices, which already resolved targetPort per pod), ready
 // endpoints, or serving terminating ones when a port has no ready one (as
-// kube-proxy does), internalTrafficPolicy Local, the ClientIP affinity
-// timeout (recorded, not applied yet). Left out: headless and
+// kube-proxy does), internalTrafficPolicy Local, sessionAffinity ClientIP
+// and its timeout. Left out: headless and
 // ExternalName Services (nothing to translate), SCTP, IPv6, NodePort,
 // externalIPs and load balancer addresses, topology hints.
 package services
