@@ -226,6 +226,14 @@ func Load(opts Options) (*Datapath, error) {
 	if err := spec.Variables[mizarVarSvcEnabled].Set(svcOn); err != nil {
 		return nil, fmt.Errorf("set the Services switch: %w", err)
 	}
+	if !opts.Services {
+		// Compiled out: the Service maps (a preallocated connection table
+		// and Maglev array of tens of MB) shrink to one entry. Turning
+		// Services on later replaces their pins (another size).
+		for _, name := range []string{mizarMapSvcCt, mizarMapSvcMaglev, mizarMapSvcAffinities, mizarMapSvcBackends, mizarMapSvcFrontends} {
+			spec.Maps[name].MaxEntries = 1
+		}
+	}
 
 	d := &Datapath{opts: opts}
 	if d.npNames, err = enumNames(spec, "np_counter", "NP_"); err != nil {

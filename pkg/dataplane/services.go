@@ -93,7 +93,13 @@ type svcState struct {
 	ports    map[uint32]mizarSvcPortBits   // svc_ports as written (non-zero words)
 }
 
+// errServicesOff refuses to program Services into programs without them.
+var errServicesOff = errors.New("the datapath was loaded without Options.Services")
+
 func (d *Datapath) svc() (*svcState, error) {
+	if !d.opts.Services {
+		return nil, errServicesOff
+	}
 	s := &d.svcs
 	if s.loaded {
 		return s, nil

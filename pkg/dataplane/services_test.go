@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -257,4 +258,29 @@ func TestPodServiceOtherTraffic(t *testing.T) {
 	if c := delta().Pod; c["svc_nat"] != 0 {
 		t.Fatalf("a packet to the VIP's port 81 was translated (verdict %s, counters %v)", verdictName(d.PodProgram(), ret), c)
 	}
+}
+
+// Off (the default), the Service maps are one entry each and programming
+// is refused; loading with Services on over the same pins replaces them.
+func TestServicesOffThenOn(t *testing.T) {
+	requireRoot(t)
+	root := testPinRoot(t)
+	off, err := Load(Options{PinRoot: root, UnderlayIfindex: 1, HostIP: hostH.IP, HostMAC: hostH.MAC})
+	must(t, err)
+	t.Cleanup(func() { _ = off.Close() })
+	if off.objs.SvcCt.MaxEntries() != 1 || off.objs.SvcMaglev.MaxEntries() != 1 {
+		t.Fatalf("Services off: svc_ct %d, svc_maglev %d entries, want 1", off.objs.SvcCt.MaxEntries(), off.objs.SvcMaglev.MaxEntries())
+	}
+	s := Service{Frontend: Frontend{VIP: vip1, Port: 80, Proto: TCP}, Backends: []netip.AddrPort{ap("10.1.1.11:7000")}}
+	if err := off.UpsertService(s); !errors.Is(err, errServicesOff) {
+		t.Fatalf("UpsertService with Services off: %v, want %v", err, errServicesOff)
+	}
+	on := loadSvcTest(t, root)
+	if got := on.ReplacedMaps(); !slices.Contains(got, "svc_ct") || !slices.Contains(got, "svc_maglev") {
+		t.Fatalf("replaced %v, want the shrunk Service maps among them", got)
+	}
+	if want := uint32(MaglevTableSize * MaxServices); on.objs.SvcMaglev.MaxEntries() != want {
+		t.Fatalf("svc_maglev %d entries, want %d", on.objs.SvcMaglev.MaxEntries(), want)
+	}
+	must(t, on.UpsertService(s))
 }
