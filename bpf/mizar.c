@@ -824,22 +824,30 @@ int mizar_pod(struct __sk_buff *skb)
 	 * is programmed. */
 	__u32 svc_m = svc_on() && ports && proto != IPPROTO_SCTP ? svc_maybe(ports >> 16, ports & 0xffff) : 0;
 
-	if (svc_m) {
-		struct svc_pkt sp = { .saddr = iph->saddr, .daddr = iph->daddr, .ports = ports,
-				      .l4off = ETH_HLEN + iph->ihl * 4, .proto = proto, .maybe = svc_m };
+	struct svc_pkt sp; /* one for both calls: the stack is short */
+
+	if (svc_m & SVC_MAYBE_FRONTEND) {
+		sp.saddr = iph->saddr;
+		sp.daddr = iph->daddr;
+		sp.ports = ports;
+		sp.l4off = ETH_HLEN + iph->ihl * 4;
+		sp.proto = proto;
 		int sv = svc_xlate(skb, &sp);
 
 		if (sv > 0)
 			return pod_drop(skb, sv);
 		if (sv == SVC_XLATED) {
+			svc_m = 0; /* to a Service: no reply of one */
 			ports = sp.ports;
-			data = (void *)(long)skb->data;
-			data_end = (void *)(long)skb->data_end;
-			eth = data;
-			iph = data + ETH_HLEN;
-			if ((void *)(iph + 1) > data_end)
-				return pod_drop(skb, POD_DROP_MALFORMED);
 		}
+		/* The verifier forgets packet pointers across a global
+		 * function that is given the skb. */
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		iph = data + ETH_HLEN;
+		if ((void *)(iph + 1) > data_end)
+			return pod_drop(skb, POD_DROP_MALFORMED);
 	}
 
 	__u32 daddr = iph->daddr;
@@ -869,6 +877,26 @@ int mizar_pod(struct __sk_buff *skb)
 			drop_ev_pod(skb, DROP_SET_POLICY, np);
 			return TC_ACT_SHOT;
 		}
+	}
+
+	/* A Service backend's reply to a client here: from the Service
+	 * (svc.h), once policy has seen the backend's address. */
+	if (svc_m & SVC_MAYBE_REPLY) {
+		sp.saddr = iph->saddr;
+		sp.daddr = daddr;
+		sp.ports = ports;
+		sp.l4off = ETH_HLEN + iph->ihl * 4;
+		sp.proto = proto;
+		int sv = svc_rev(skb, &sp);
+
+		if (sv > 0)
+			return pod_drop(skb, sv);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		iph = data + ETH_HLEN;
+		if ((void *)(iph + 1) > data_end)
+			return pod_drop(skb, POD_DROP_MALFORMED);
 	}
 
 	/* Leaving the subnet is routing through the gateway: one TTL hop,

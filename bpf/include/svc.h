@@ -240,10 +240,11 @@ static __always_inline int svc_rewrite(struct __sk_buff *skb, __u32 l4off, __u8 
 	return 0;
 }
 
-/* Translate a pod's TCP/UDP packet p if it is to a Service or a
- * backend's reply. Returns 0 when nothing was done, SVC_XLATED when the
- * packet was rewritten (p->ports updated; the caller re-reads the rest),
- * or a pod_counter drop reason. A
+/* Translate a pod's TCP/UDP packet p if it is to a Service (before
+ * routing, NetworkPolicy and everything else see the backend). Returns 0
+ * when nothing was done, SVC_XLATED when the packet was rewritten
+ * (p->ports updated; the caller re-reads the rest), or a pod_counter drop
+ * reason. A
  * subprogram: the plain path's code stays as it was. */
 struct svc_pkt {
 	__u32 saddr; /* network order */
@@ -251,69 +252,89 @@ struct svc_pkt {
 	__u32 ports; /* sport << 16 | dport, host order */
 	__u32 l4off; /* from the start of the frame */
 	__u32 proto;
-	__u32 maybe; /* svc_maybe's answer, not 0 */
 };
 
 #define SVC_XLATED (-1)
 
-static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
+/* The translation's keys and values live in a per-CPU scratch slot, not on
+ * the stack: the pod program's own frame (with NetworkPolicy compiled in)
+ * leaves a called function little of the verifier's 512 bytes. */
+struct svc_scratch {
+	struct svc_key fk;
+	struct svc_ct_key ck;
+	struct svc_ct_entry v;
+	struct svc_affinity_key ak;
+	struct svc_affinity av;
+	struct svc_backend be;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct svc_scratch);
+} svc_scratch SEC(".maps");
+
+/* Translate a pod's TCP/UDP packet p if it is to a Service (before
+ * routing, NetworkPolicy and everything else see the backend). Returns 0
+ * when nothing was done, SVC_XLATED when the packet was rewritten
+ * (p->ports updated; the caller re-reads the rest), or a pod_counter drop
+ * reason. A global function: verified once, whatever the caller's paths,
+ * and the plain path's code stays as it was. */
+__attribute__((noinline)) int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 {
+	__u32 zero = 0;
+	struct svc_scratch *x = bpf_map_lookup_elem(&svc_scratch, &zero);
+
+	if (!p || !x)
+		return 0;
 	__u32 saddr = p->saddr, daddr = p->daddr, ports = p->ports, l4off = p->l4off, proto = p->proto;
 	__be16 sport = bpf_htons(ports >> 16), dport = bpf_htons(ports & 0xffff);
-	struct svc_key fk = { .port = dport, .proto = proto };
 
-	store_u32(fk.vip, daddr);
-	const struct svc *s = p->maybe & SVC_MAYBE_FRONTEND ? bpf_map_lookup_elem(&svc_frontends, &fk) : NULL;
-	struct svc_ct_key ck = { .sport = sport, .dport = dport, .proto = proto };
+	__builtin_memset(&x->fk, 0, sizeof(x->fk));
+	x->fk.port = dport;
+	x->fk.proto = proto;
+	store_u32(x->fk.vip, daddr);
+	const struct svc *s = bpf_map_lookup_elem(&svc_frontends, &x->fk);
 
-	store_u32(ck.saddr, saddr);
-	store_u32(ck.daddr, daddr);
+	if (!s)
+		return 0;
+	__u32 id = s->id, nbackends = s->nbackends, affinity_s = s->affinity_s;
 
-	if (!s) {
-		/* A backend's reply to a translated connection? */
-		if (!(p->maybe & SVC_MAYBE_REPLY))
-			return 0;
-		ck.dir = SVC_CT_REV;
-		const struct svc_ct_entry *rev = bpf_map_lookup_elem(&svc_ct, &ck);
-
-		if (!rev)
-			return 0;
-		if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, saddr), saddr, load_u32(rev->nat_ip),
-				l4off + __builtin_offsetof(struct udphdr, source), sport, rev->nat_port))
-			return POD_DROP_SVC_REWRITE;
-		count_pod(POD_SVC_REV_NAT);
-		p->ports = ((__u32)bpf_ntohs(rev->nat_port) << 16) | (ports & 0xffff);
-		return SVC_XLATED;
-	}
-
-	ck.dir = SVC_CT_FWD;
-	struct svc_backend be = {};
-	__u32 bid = 0;
-	const struct svc_ct_entry *fwd = bpf_map_lookup_elem(&svc_ct, &ck);
+	__builtin_memset(&x->ck, 0, sizeof(x->ck));
+	x->ck.sport = sport;
+	x->ck.dport = dport;
+	x->ck.proto = proto;
+	x->ck.dir = SVC_CT_FWD;
+	store_u32(x->ck.saddr, saddr);
+	store_u32(x->ck.daddr, daddr);
+	__u32 bid = 0, bip = 0;
+	__be16 bport = 0;
+	const struct svc_ct_entry *fwd = bpf_map_lookup_elem(&svc_ct, &x->ck);
 
 	if (fwd) {
 		/* The connection keeps its backend while the backend exists. */
 		const struct svc_backend *b = bpf_map_lookup_elem(&svc_backends, &fwd->backend_id);
 
-		if (b && load_u32(b->ip) == load_u32(fwd->nat_ip) && b->port == fwd->nat_port && fwd->svc_id == s->id) {
-			store_u32(be.ip, load_u32(fwd->nat_ip));
-			be.port = fwd->nat_port;
+		if (b && load_u32(b->ip) == load_u32(fwd->nat_ip) && b->port == fwd->nat_port && fwd->svc_id == id) {
+			bip = load_u32(fwd->nat_ip);
+			bport = fwd->nat_port;
 			bid = fwd->backend_id;
 		} else {
 			fwd = NULL;
 		}
 	}
 	if (!fwd) {
-		if (!s->nbackends)
+		if (!nbackends)
 			return POD_DROP_NO_BACKEND;
 		const struct svc_backend *b = NULL;
-		struct svc_affinity_key ak = { .svc_id = s->id };
 		__u64 now = 0;
 
-		store_u32(ak.client, saddr);
-		if (s->affinity_s) {
+		x->ak.svc_id = id;
+		store_u32(x->ak.client, saddr);
+		if (affinity_s) {
 			/* The client's backend while it lasts and still exists. */
-			const struct svc_affinity *a = bpf_map_lookup_elem(&svc_affinities, &ak);
+			const struct svc_affinity *a = bpf_map_lookup_elem(&svc_affinities, &x->ak);
 
 			now = bpf_ktime_get_ns();
 			if (a && a->expires > now) {
@@ -326,44 +347,85 @@ static __noinline int svc_xlate(struct __sk_buff *skb, struct svc_pkt *p)
 		}
 		if (!b) {
 			/* Maglev: the flow's hash picks a slot of the Service's table. */
-			__u32 slot = s->id * SVC_MAGLEV_M + flow_hash(saddr, daddr, ports, proto) % SVC_MAGLEV_M;
-			const __u32 *id = bpf_map_lookup_elem(&svc_maglev, &slot);
+			__u32 slot = id * SVC_MAGLEV_M + flow_hash(saddr, daddr, ports, proto) % SVC_MAGLEV_M;
+			const __u32 *mid = bpf_map_lookup_elem(&svc_maglev, &slot);
 
-			if (!id)
+			if (!mid)
 				return POD_DROP_NO_BACKEND;
-			bid = *id;
+			bid = *mid;
 			b = bpf_map_lookup_elem(&svc_backends, &bid);
 			if (!b)
 				return POD_DROP_NO_BACKEND;
 		}
-		be = *b;
-		if (s->affinity_s) {
-			struct svc_affinity av = { .expires = now + (__u64)s->affinity_s * 1000000000ULL, .backend_id = bid,
-						   .port = be.port };
-
-			store_u32(av.ip, load_u32(be.ip));
-			bpf_map_update_elem(&svc_affinities, &ak, &av, BPF_ANY);
+		bip = load_u32(b->ip);
+		bport = b->port;
+		if (affinity_s) {
+			__builtin_memset(&x->av, 0, sizeof(x->av));
+			x->av.expires = now + (__u64)affinity_s * 1000000000ULL;
+			x->av.backend_id = bid;
+			x->av.port = bport;
+			store_u32(x->av.ip, bip);
+			bpf_map_update_elem(&svc_affinities, &x->ak, &x->av, BPF_ANY);
 		}
 
-		struct svc_ct_entry v = { .nat_port = be.port, .backend_id = bid, .svc_id = s->id };
-
-		store_u32(v.nat_ip, load_u32(be.ip));
-		bpf_map_update_elem(&svc_ct, &ck, &v, BPF_ANY);
+		__builtin_memset(&x->v, 0, sizeof(x->v));
+		x->v.nat_port = bport;
+		x->v.backend_id = bid;
+		x->v.svc_id = id;
+		store_u32(x->v.nat_ip, bip);
+		bpf_map_update_elem(&svc_ct, &x->ck, &x->v, BPF_ANY);
 
 		/* The reply's tuple: from the backend to the client. */
-		struct svc_ct_key rk = { .sport = be.port, .dport = sport, .proto = proto, .dir = SVC_CT_REV };
-		struct svc_ct_entry rv = { .nat_port = dport, .backend_id = bid, .svc_id = s->id };
-
-		store_u32(rk.saddr, load_u32(be.ip));
-		store_u32(rk.daddr, saddr);
-		store_u32(rv.nat_ip, daddr);
-		bpf_map_update_elem(&svc_ct, &rk, &rv, BPF_ANY);
+		store_u32(x->ck.saddr, bip);
+		store_u32(x->ck.daddr, saddr);
+		x->ck.sport = bport;
+		x->ck.dport = sport;
+		x->ck.dir = SVC_CT_REV;
+		store_u32(x->v.nat_ip, daddr);
+		x->v.nat_port = dport;
+		bpf_map_update_elem(&svc_ct, &x->ck, &x->v, BPF_ANY);
 	}
-	if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, daddr), daddr, load_u32(be.ip),
-			l4off + __builtin_offsetof(struct udphdr, dest), dport, be.port))
+	if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, daddr), daddr, bip,
+			l4off + __builtin_offsetof(struct udphdr, dest), dport, bport))
 		return POD_DROP_SVC_REWRITE;
 	count_pod(POD_SVC_NAT);
-	p->ports = (ports & 0xffff0000) | bpf_ntohs(be.port);
+	p->ports = (ports & 0xffff0000) | bpf_ntohs(bport);
+	return SVC_XLATED;
+}
+
+/* A backend's reply to a connection translated on this host: its source
+ * back to the Service. Called after NetworkPolicy, which must see the
+ * backend's own address (its connection entry is under it). Returns as
+ * svc_xlate; global for the same reasons. */
+__attribute__((noinline)) int svc_rev(struct __sk_buff *skb, struct svc_pkt *p)
+{
+	__u32 zero = 0;
+	struct svc_scratch *x = bpf_map_lookup_elem(&svc_scratch, &zero);
+
+	if (!p || !x)
+		return 0;
+	__u32 saddr = p->saddr, ports = p->ports, l4off = p->l4off, proto = p->proto;
+	__be16 sport = bpf_htons(ports >> 16), dport = bpf_htons(ports & 0xffff);
+
+	__builtin_memset(&x->ck, 0, sizeof(x->ck));
+	x->ck.sport = sport;
+	x->ck.dport = dport;
+	x->ck.proto = proto;
+	x->ck.dir = SVC_CT_REV;
+	store_u32(x->ck.saddr, saddr);
+	store_u32(x->ck.daddr, p->daddr);
+	const struct svc_ct_entry *rev = bpf_map_lookup_elem(&svc_ct, &x->ck);
+
+	if (!rev)
+		return 0;
+	__u32 nip = load_u32(rev->nat_ip);
+	__be16 nport = rev->nat_port;
+
+	if (svc_rewrite(skb, l4off, proto, ETH_HLEN + __builtin_offsetof(struct iphdr, saddr), saddr, nip,
+			l4off + __builtin_offsetof(struct udphdr, source), sport, nport))
+		return POD_DROP_SVC_REWRITE;
+	count_pod(POD_SVC_REV_NAT);
+	p->ports = ((__u32)bpf_ntohs(nport) << 16) | (ports & 0xffff);
 	return SVC_XLATED;
 }
 

@@ -381,6 +381,16 @@ type mizarSvcPortBits struct {
 	Backend  uint32
 }
 
+type mizarSvcScratch struct {
+	_  structs.HostLayout
+	Fk mizarSvcKey
+	Ck mizarSvcCtKey
+	V  mizarSvcCtEntry
+	Ak mizarSvcAffinityKey
+	Av mizarSvcAffinity
+	Be mizarSvcBackend
+}
+
 type mizarUlFlow struct {
 	_         structs.HostLayout
 	Gen       uint64
@@ -487,6 +497,7 @@ const (
 	mizarMapSvcFrontends    = "svc_frontends"
 	mizarMapSvcMaglev       = "svc_maglev"
 	mizarMapSvcPorts        = "svc_ports"
+	mizarMapSvcScratch      = "svc_scratch"
 	mizarMapSvcState        = "svc_state"
 	mizarMapUlFlows         = "ul_flows"
 	mizarMapUnderlayStats   = "underlay_stats"
@@ -586,6 +597,7 @@ type mizarMapSpecs struct {
 	SvcFrontends  *ebpf.MapSpec `ebpf:"svc_frontends"`
 	SvcMaglev     *ebpf.MapSpec `ebpf:"svc_maglev"`
 	SvcPorts      *ebpf.MapSpec `ebpf:"svc_ports"`
+	SvcScratch    *ebpf.MapSpec `ebpf:"svc_scratch"`
 	SvcState      *ebpf.MapSpec `ebpf:"svc_state"`
 	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
@@ -659,6 +671,7 @@ type mizarMaps struct {
 	SvcFrontends  *ebpf.Map `ebpf:"svc_frontends"`
 	SvcMaglev     *ebpf.Map `ebpf:"svc_maglev"`
 	SvcPorts      *ebpf.Map `ebpf:"svc_ports"`
+	SvcScratch    *ebpf.Map `ebpf:"svc_scratch"`
 	SvcState      *ebpf.Map `ebpf:"svc_state"`
 	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
@@ -699,6 +712,7 @@ func (m *mizarMaps) Close() error {
 		m.SvcFrontends,
 		m.SvcMaglev,
 		m.SvcPorts,
+		m.SvcScratch,
 		m.SvcState,
 		m.UlFlows,
 		m.UnderlayStats,
