@@ -91,6 +91,10 @@ type svcState struct {
 	backends map[netip.AddrPort]uint32     // backend -> backend id
 	members  map[Frontend][]netip.AddrPort // the backends each frontend's table holds
 	ports    map[uint32]mizarSvcPortBits   // svc_ports as written (non-zero words)
+	// The ids in use, and where the next search for a free one starts
+	// (round robin: a freed id is not handed out again at once).
+	svcTaken, beTaken map[uint32]bool
+	svcNext, beNext   uint32
 }
 
 // errServicesOff refuses to program Services into programs without them.
@@ -108,6 +112,7 @@ func (d *Datapath) svc() (*svcState, error) {
 	s.backends = map[netip.AddrPort]uint32{}
 	s.members = map[Frontend][]netip.AddrPort{}
 	s.ports = map[uint32]mizarSvcPortBits{}
+	s.svcTaken, s.beTaken, s.beNext = map[uint32]bool{}, map[uint32]bool{}, 1
 	var word uint32
 	var bits mizarSvcPortBits
 	pit := d.objs.SvcPorts.Iterate()
@@ -128,9 +133,14 @@ func (d *Datapath) svc() (*svcState, error) {
 		a := netip.AddrPortFrom(netip.AddrFrom4(bv.Ip), ntohs(bv.Port))
 		byID[bid] = a
 		s.backends[a] = bid
+		s.beTaken[bid] = true
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read Service backends: %w", err)
+	}
+	tables, err := d.readAllMaglev()
+	if err != nil {
+		return nil, err
 	}
 	var k mizarSvcKey
 	var v mizarSvc
@@ -138,13 +148,11 @@ func (d *Datapath) svc() (*svcState, error) {
 	for fit.Next(&k, &v) {
 		f := Frontend{VIP: netip.AddrFrom4(k.Vip), Port: ntohs(k.Port), Proto: Protocol(k.Proto)}
 		s.ids[f] = v.Id
-		if v.Nbackends == 0 {
+		s.svcTaken[v.Id] = true
+		if v.Nbackends == 0 || v.Id >= uint32(MaxServices) {
 			continue
 		}
-		table, err := d.readMaglev(v.Id)
-		if err != nil {
-			return nil, err
-		}
+		table := tables[v.Id*uint32(MaglevTableSize) : (v.Id+1)*uint32(MaglevTableSize)]
 		seen := map[uint32]bool{}
 		for _, b := range table {
 			if a, ok := byID[b]; ok && !seen[b] {
@@ -161,13 +169,35 @@ func (d *Datapath) svc() (*svcState, error) {
 }
 
 func (d *Datapath) readMaglev(id uint32) ([]uint32, error) {
-	keys, vals := maglevKeys(id), make([]uint32, MaglevTableSize)
-	for i, k := range keys {
-		if err := d.objs.SvcMaglev.Lookup(k, &vals[i]); err != nil {
-			return nil, fmt.Errorf("read the Maglev table of Service %d: %w", id, err)
+	all, err := d.readAllMaglev()
+	if err != nil {
+		return nil, err
+	}
+	return all[id*uint32(MaglevTableSize) : (id+1)*uint32(MaglevTableSize)], nil
+}
+
+// readAllMaglev reads every Service's table at once (batches of the whole
+// array: one lookup per slot would cost a syscall each).
+func (d *Datapath) readAllMaglev() ([]uint32, error) {
+	size := int(d.objs.SvcMaglev.MaxEntries())
+	out := make([]uint32, 0, size)
+	const chunk = 1 << 16
+	keys, vals := make([]uint32, chunk), make([]uint32, chunk)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := d.objs.SvcMaglev.BatchLookup(&cursor, keys, vals, nil)
+		out = append(out, vals[:n]...)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the Maglev tables: %w", err)
 		}
 	}
-	return vals, nil
+	if len(out) != size {
+		return nil, fmt.Errorf("read the Maglev tables: %d of %d slots", len(out), size)
+	}
+	return out, nil
 }
 
 func maglevKeys(id uint32) []uint32 {
@@ -223,10 +253,13 @@ func (d *Datapath) UpsertService(s Service) error {
 	if err != nil {
 		return err
 	}
-	return d.upsertService(st, s)
+	return d.upsertService(st, s, true)
 }
 
-func (d *Datapath) upsertService(st *svcState, s Service) error {
+// upsertService programs s; settle removes the backends no frontend uses
+// any more and clears the ports no Service needs (SetServices does it once
+// at its end instead).
+func (d *Datapath) upsertService(st *svcState, s Service, settle bool) error {
 	backends := slices.Clone(s.Backends)
 	for i := range backends {
 		backends[i] = netip.AddrPortFrom(backends[i].Addr().Unmap(), backends[i].Port())
@@ -244,7 +277,7 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 	id, ok := st.ids[s.Frontend]
 	if !ok {
 		var err error
-		if id, err = freeID(st.ids, uint32(MaxServices), 0); err != nil {
+		if id, err = freeID(st.svcTaken, &st.svcNext, 0, uint32(MaxServices)); err != nil {
 			return fmt.Errorf("Service %s: %w", s.Frontend, err)
 		}
 	}
@@ -254,7 +287,7 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 		bid, ok := st.backends[b]
 		if !ok {
 			var err error
-			if bid, err = freeID(st.backends, uint32(MaxServiceBackends), 1); err != nil {
+			if bid, err = freeID(st.beTaken, &st.beNext, 1, uint32(MaxServiceBackends)); err != nil {
 				return fmt.Errorf("Service %s: backend %s: %w", s.Frontend, b, err)
 			}
 			v := mizarSvcBackend{Ip: b.Addr().As4(), Port: htons(b.Port())}
@@ -262,6 +295,7 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 				return fmt.Errorf("write Service backend %s: %w", b, err)
 			}
 			st.backends[b] = bid
+			st.beTaken[bid] = true
 		}
 		names[i], bids[i] = b.String(), bid
 	}
@@ -283,10 +317,20 @@ func (d *Datapath) upsertService(st *svcState, s Service) error {
 		return fmt.Errorf("write Service %s: %w", s.Frontend, err)
 	}
 	st.ids[s.Frontend] = id
+	st.svcTaken[id] = true
 	st.members[s.Frontend] = backends
 	if err := d.writeSvcCount(len(st.ids)); err != nil {
 		return err
 	}
+	if !settle {
+		return nil
+	}
+	return d.settle(st)
+}
+
+// settle removes the backends no frontend uses and clears the ports no
+// Service needs.
+func (d *Datapath) settle(st *svcState) error {
 	if err := d.gcBackends(st); err != nil {
 		return err
 	}
@@ -387,6 +431,7 @@ func (d *Datapath) gcBackends(st *svcState) error {
 			continue
 		}
 		delete(st.backends, b)
+		delete(st.beTaken, bid)
 	}
 	return errors.Join(errs...)
 }
@@ -411,15 +456,13 @@ func (d *Datapath) deleteService(st *svcState, f Frontend) error {
 	if err := deleteKey(d.objs.SvcFrontends, f.key(), "Service"); err != nil {
 		return err
 	}
+	delete(st.svcTaken, st.ids[f])
 	delete(st.ids, f)
 	delete(st.members, f)
 	if err := d.writeSvcCount(len(st.ids)); err != nil {
 		return err
 	}
-	if err := d.gcBackends(st); err != nil {
-		return err
-	}
-	return d.writePorts(st, st.wantPorts(), false)
+	return d.settle(st)
 }
 
 // SetServices makes all the Services programmed: each upserted, every
@@ -451,11 +494,11 @@ func (d *Datapath) SetServices(all []Service) error {
 		}
 	}
 	for _, s := range all {
-		if err := d.upsertService(st, s); err != nil {
+		if err := d.upsertService(st, s, false); err != nil {
 			return err
 		}
 	}
-	return nil
+	return d.settle(st)
 }
 
 // Services reads back the programmed Services from the maps, sorted by
@@ -474,15 +517,19 @@ func (d *Datapath) Services() ([]Service, error) {
 	var out []Service
 	var k mizarSvcKey
 	var v mizarSvc
+	var tables []uint32
 	fit := d.objs.SvcFrontends.Iterate()
 	for fit.Next(&k, &v) {
 		s := Service{Frontend: Frontend{VIP: netip.AddrFrom4(k.Vip), Port: ntohs(k.Port), Proto: Protocol(k.Proto)},
 			AffinityTimeout: time.Duration(v.AffinityS) * time.Second}
-		if v.Nbackends > 0 {
-			table, err := d.readMaglev(v.Id)
-			if err != nil {
-				return nil, err
+		if v.Nbackends > 0 && v.Id < uint32(MaxServices) {
+			if tables == nil {
+				var err error
+				if tables, err = d.readAllMaglev(); err != nil {
+					return nil, err
+				}
 			}
+			table := tables[v.Id*uint32(MaglevTableSize) : (v.Id+1)*uint32(MaglevTableSize)]
 			seen := map[uint32]bool{}
 			for _, b := range table {
 				if a, ok := byID[b]; ok && !seen[b] {
@@ -528,19 +575,22 @@ func cloneMap[K comparable, V any](m map[K]V) map[K]V {
 	return out
 }
 
-// freeID returns the lowest id from first up to limit that used does not
-// hold as a value.
-func freeID[K comparable](used map[K]uint32, limit, first uint32) (uint32, error) {
-	taken := make(map[uint32]bool, len(used))
-	for _, v := range used {
-		taken[v] = true
+// freeID returns the first id in [first, limit) not taken, searching from
+// *next on and wrapping around, and moves *next past it.
+func freeID(taken map[uint32]bool, next *uint32, first, limit uint32) (uint32, error) {
+	n := limit - first
+	start := *next
+	if start < first || start >= limit {
+		start = first
 	}
-	for id := first; id < limit; id++ {
+	for i := range n {
+		id := first + (start-first+i)%n
 		if !taken[id] {
+			*next = id + 1
 			return id, nil
 		}
 	}
-	return 0, fmt.Errorf("all %d ids in use", limit-first)
+	return 0, fmt.Errorf("all %d ids in use", n)
 }
 
 // htons and ntohs: the programs are built for little-endian hosts only
