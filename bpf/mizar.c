@@ -17,6 +17,7 @@
 #include "route.h"
 #include "netpol.h"
 #include "dropev.h"
+#include "svc.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -273,6 +274,9 @@ int mizar_underlay(struct xdp_md *ctx)
 				return XDP_DROP;
 			}
 		}
+		/* A Service backend's reply from another host (svc.h). */
+		if (svc_on() && svc_rev_xdp(iip, data_end))
+			count_ul(UL_SVC_REV_NAT);
 		/* RFC 6040 normal mode: congestion marked on the underlay reaches
 		 * the pod; the inner DSCP is the sender's (pipe model). */
 		int ecn = ecn_decap(iph->tos, iip->tos);
@@ -816,6 +820,36 @@ int mizar_pod(struct __sk_buff *skb)
 	}
 	eth = data;
 
+	/* Services (svc.h): compiled out unless enabled, skipped while none
+	 * is programmed. */
+	__u32 svc_m = svc_on() && ports && proto != IPPROTO_SCTP ? svc_maybe(ports >> 16, ports & 0xffff) : 0;
+
+	struct svc_pkt sp; /* one for both calls: the stack is short */
+
+	if (svc_m & SVC_MAYBE_FRONTEND) {
+		sp.saddr = iph->saddr;
+		sp.daddr = iph->daddr;
+		sp.ports = ports;
+		sp.l4off = ETH_HLEN + iph->ihl * 4;
+		sp.proto = proto;
+		int sv = svc_xlate(skb, &sp);
+
+		if (sv > 0)
+			return pod_drop(skb, sv);
+		if (sv == SVC_XLATED) {
+			svc_m = 0; /* to a Service: no reply of one */
+			ports = sp.ports;
+		}
+		/* The verifier forgets packet pointers across a global
+		 * function that is given the skb. */
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		iph = data + ETH_HLEN;
+		if ((void *)(iph + 1) > data_end)
+			return pod_drop(skb, POD_DROP_MALFORMED);
+	}
+
 	__u32 daddr = iph->daddr;
 
 	if (flood_dst(eth, cfg, daddr) && !flood_ok(skb->ifindex))
@@ -843,6 +877,26 @@ int mizar_pod(struct __sk_buff *skb)
 			drop_ev_pod(skb, DROP_SET_POLICY, np);
 			return TC_ACT_SHOT;
 		}
+	}
+
+	/* A Service backend's reply to a client here: from the Service
+	 * (svc.h), once policy has seen the backend's address. */
+	if (svc_m & SVC_MAYBE_REPLY) {
+		sp.saddr = iph->saddr;
+		sp.daddr = daddr;
+		sp.ports = ports;
+		sp.l4off = ETH_HLEN + iph->ihl * 4;
+		sp.proto = proto;
+		int sv = svc_rev(skb, &sp);
+
+		if (sv > 0)
+			return pod_drop(skb, sv);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		eth = data;
+		iph = data + ETH_HLEN;
+		if ((void *)(iph + 1) > data_end)
+			return pod_drop(skb, POD_DROP_MALFORMED);
 	}
 
 	/* Leaving the subnet is routing through the gateway: one TTL hop,

@@ -29,10 +29,14 @@
 #                      drop reported, and of delivery paths the same way
 #                      (x-no-events: the goal is <= 1.1 for drops, 1.0 for
 #                      delivery), interleaved in rotating order
+#   BenchmarkServices  per-packet cost of the pod paths with the Service
+#                      translation compiled in (no Service, one Service) and of
+#                      a connection to a Service, as a ratio to the same path
+#                      with Services compiled out (x-off), interleaved
 # Speeds are only meaningful as the ratios printed next to them, which come
 # from one run on the same machine.
 #
-# Environment: BENCH (regexp, default all six), COUNT (default 1),
+# Environment: BENCH (regexp, default all seven), COUNT (default 1),
 # BENCHTIME (for BenchmarkPrograms, default 1s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,5 +50,5 @@ for tool in iperf3 ping; do
 done
 
 exec go test ./pkg/dataplane/ -run '^$' \
-	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkNetworkPolicy|BenchmarkLiveBouncer|BenchmarkPodHook|BenchmarkOverlay|BenchmarkDropEvents)$}" \
+	-bench "${BENCH:-^(BenchmarkPrograms|BenchmarkNetworkPolicy|BenchmarkLiveBouncer|BenchmarkPodHook|BenchmarkOverlay|BenchmarkDropEvents|BenchmarkServices)$}" \
 	-benchtime "${BENCHTIME:-1s}" -count "${COUNT:-1}" -timeout 30m

@@ -187,6 +187,7 @@ enum underlay_counter {
 	UL_LEARN_REFUSED,       /* option named no droplet, this host, or not the endpoint's API host: not learned */
 	UL_DROP_MAC_SPOOF,      /* outer source is a droplet of this L2 segment, the source MAC is no droplet's */
 	UL_DROP_VLAN,           /* Geneve for this host in an 802.1Q/802.1ad tagged frame */
+	UL_SVC_REV_NAT,         /* delivered: a Service backend's reply, source translated back (svc.h) */
 	UL_MAX,
 };
 
@@ -215,6 +216,10 @@ enum pod_counter {
 	POD_INTRODUCE,          /* sent with the option that introduces the pod: bounced toward a learned host, or straight from a relay's node */
 	POD_TO_HOST,            /* to an address of this node: passed to the host stack */
 	POD_DROP_FLOOD,         /* broadcast/multicast destination over the pod's rate (flood_rate) */
+	POD_SVC_NAT,            /* to a Service: translated to a backend (svc.h) */
+	POD_SVC_REV_NAT,        /* a backend's reply: source translated back to the Service */
+	POD_DROP_NO_BACKEND,    /* to a Service without backends */
+	POD_DROP_SVC_REWRITE,   /* a Service translation's checksum/store helper failed */
 	POD_MAX,
 };
 

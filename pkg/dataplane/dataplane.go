@@ -119,6 +119,10 @@ type Options struct {
 	// as drop events (ReadDropEvents); the rest are only counted. 0 means
 	// DefaultDropEventBurst; negative turns the reports off.
 	DropEventBurst int
+	// Services compiles the Service translation into the pod program (see
+	// UpsertService). Off, the programs carry none of it and Services are
+	// left to kube-proxy.
+	Services bool
 }
 
 // DefaultLearnLifetime is Options.LearnLifetime's default. Long flows refresh
@@ -150,6 +154,9 @@ type Datapath struct {
 	policyMu sync.Mutex  // serialises ApplyPolicy
 	npHave   *policyMaps // the policy maps as ApplyPolicy wrote them last
 	genMu    sync.Mutex  // serialises generation bumps (invalidate)
+
+	svcMu sync.Mutex // serialises Service programming; guards svcs
+	svcs  svcState
 }
 
 // Load loads the programs with this host's identity and opens (or creates)
@@ -211,6 +218,21 @@ func Load(opts Options) (*Datapath, error) {
 
 	if err := setPolicyConstants(spec, opts.NetworkPolicy); err != nil {
 		return nil, err
+	}
+	svcOn := uint32(0)
+	if opts.Services {
+		svcOn = 1
+	}
+	if err := spec.Variables[mizarVarSvcEnabled].Set(svcOn); err != nil {
+		return nil, fmt.Errorf("set the Services switch: %w", err)
+	}
+	if !opts.Services {
+		// Compiled out: the Service maps (a preallocated connection table
+		// and Maglev array of tens of MB) shrink to one entry. Turning
+		// Services on later replaces their pins (another size).
+		for _, name := range []string{mizarMapSvcCt, mizarMapSvcMaglev, mizarMapSvcAffinities, mizarMapSvcBackends, mizarMapSvcFrontends} {
+			spec.Maps[name].MaxEntries = 1
+		}
 	}
 
 	d := &Datapath{opts: opts}

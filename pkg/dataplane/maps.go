@@ -353,7 +353,7 @@ func (d *Datapath) Counters() (Counters, error) {
 // underlayRx is the Geneve this host's port received: every packet the
 // underlay program did not pass ends in exactly one verdict counter (deliver,
 // fwd_*, drop_*), so rx is their sum rather than one more count per packet.
-// learn, stamp and rebounce come on top of a verdict.
+// learn, stamp, rebounce and svc_rev_nat come on top of a verdict.
 func underlayRx(ul map[string]uint64) uint64 {
 	var rx uint64
 	for name, v := range ul {

@@ -237,7 +237,11 @@ const (
 	mizarPodCounterPOD_INTRODUCE          mizarPodCounter = 20
 	mizarPodCounterPOD_TO_HOST            mizarPodCounter = 21
 	mizarPodCounterPOD_DROP_FLOOD         mizarPodCounter = 22
-	mizarPodCounterPOD_MAX                mizarPodCounter = 23
+	mizarPodCounterPOD_SVC_NAT            mizarPodCounter = 23
+	mizarPodCounterPOD_SVC_REV_NAT        mizarPodCounter = 24
+	mizarPodCounterPOD_DROP_NO_BACKEND    mizarPodCounter = 25
+	mizarPodCounterPOD_DROP_SVC_REWRITE   mizarPodCounter = 26
+	mizarPodCounterPOD_MAX                mizarPodCounter = 27
 )
 
 type mizarPodIface struct {
@@ -295,6 +299,96 @@ type mizarSubnetKey struct {
 	Prefixlen uint32
 	Vni       uint32
 	Ip        [4]uint8
+}
+
+type mizarSvc struct {
+	_         structs.HostLayout
+	Id        uint32
+	Nbackends uint32
+	AffinityS uint32
+	Flags     uint32
+}
+
+type mizarSvcAffinity struct {
+	_         structs.HostLayout
+	Expires   uint64
+	BackendId uint32
+	Ip        [4]uint8
+	Port      uint16
+	Pad       [6]uint8
+}
+
+type mizarSvcAffinityKey struct {
+	_      structs.HostLayout
+	SvcId  uint32
+	Client [4]uint8
+}
+
+type mizarSvcBackend struct {
+	_    structs.HostLayout
+	Ip   [4]uint8
+	Port uint16
+	Pad  [2]uint8
+}
+
+type mizarSvcCtEntry struct {
+	_         structs.HostLayout
+	NatIp     [4]uint8
+	NatPort   uint16
+	Pad       [2]uint8
+	BackendId uint32
+	SvcId     uint32
+}
+
+type mizarSvcCtKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint8
+	Daddr [4]uint8
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
+type mizarSvcInfo struct {
+	_          structs.HostLayout
+	Nfrontends uint32
+	Pad        uint32
+}
+
+type mizarSvcKey struct {
+	_     structs.HostLayout
+	Vip   [4]uint8
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type mizarSvcLimits uint32
+
+const (
+	mizarSvcLimitsSVC_MAGLEV_M     mizarSvcLimits = 1021
+	mizarSvcLimitsSVC_MAX          mizarSvcLimits = 1024
+	mizarSvcLimitsSVC_BACKENDS_MAX mizarSvcLimits = 65536
+	mizarSvcLimitsSVC_CT_MAX       mizarSvcLimits = 262144
+	mizarSvcLimitsSVC_AFFINITY_MAX mizarSvcLimits = 65536
+)
+
+type mizarSvcPortBits struct {
+	_        structs.HostLayout
+	Frontend uint32
+	Backend  uint32
+}
+
+type mizarSvcScratch struct {
+	_  structs.HostLayout
+	Fk mizarSvcKey
+	Ck mizarSvcCtKey
+	V  mizarSvcCtEntry
+	Ak mizarSvcAffinityKey
+	Av mizarSvcAffinity
+	Be mizarSvcBackend
 }
 
 type mizarUlFlow struct {
@@ -357,7 +451,8 @@ const (
 	mizarUnderlayCounterUL_LEARN_REFUSED       mizarUnderlayCounter = 27
 	mizarUnderlayCounterUL_DROP_MAC_SPOOF      mizarUnderlayCounter = 28
 	mizarUnderlayCounterUL_DROP_VLAN           mizarUnderlayCounter = 29
-	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 30
+	mizarUnderlayCounterUL_SVC_REV_NAT         mizarUnderlayCounter = 30
+	mizarUnderlayCounterUL_MAX                 mizarUnderlayCounter = 31
 )
 
 type mizarVpc struct {
@@ -396,6 +491,14 @@ const (
 	mizarMapRelays          = "relays"
 	mizarMapRtFlows         = "rt_flows"
 	mizarMapSubnets         = "subnets"
+	mizarMapSvcAffinities   = "svc_affinities"
+	mizarMapSvcBackends     = "svc_backends"
+	mizarMapSvcCt           = "svc_ct"
+	mizarMapSvcFrontends    = "svc_frontends"
+	mizarMapSvcMaglev       = "svc_maglev"
+	mizarMapSvcPorts        = "svc_ports"
+	mizarMapSvcScratch      = "svc_scratch"
+	mizarMapSvcState        = "svc_state"
 	mizarMapUlFlows         = "ul_flows"
 	mizarMapUnderlayStats   = "underlay_stats"
 	mizarMapVpcs            = "vpcs"
@@ -405,9 +508,11 @@ const (
 	mizarVarFloodRate       = "flood_rate"
 	mizarVarHost            = "host"
 	mizarVarNpEnabled       = "np_enabled"
+	mizarVarSvcEnabled      = "svc_enabled"
 	mizarVarUnusedDropEvent = "unused_drop_event"
 	mizarVarUnusedDropHook  = "unused_drop_hook"
 	mizarVarUnusedDropSet   = "unused_drop_set"
+	mizarVarUnusedSvcLimits = "unused_svc_limits"
 )
 
 // loadMizar returns the embedded CollectionSpec for mizar.
@@ -486,6 +591,14 @@ type mizarMapSpecs struct {
 	Relays        *ebpf.MapSpec `ebpf:"relays"`
 	RtFlows       *ebpf.MapSpec `ebpf:"rt_flows"`
 	Subnets       *ebpf.MapSpec `ebpf:"subnets"`
+	SvcAffinities *ebpf.MapSpec `ebpf:"svc_affinities"`
+	SvcBackends   *ebpf.MapSpec `ebpf:"svc_backends"`
+	SvcCt         *ebpf.MapSpec `ebpf:"svc_ct"`
+	SvcFrontends  *ebpf.MapSpec `ebpf:"svc_frontends"`
+	SvcMaglev     *ebpf.MapSpec `ebpf:"svc_maglev"`
+	SvcPorts      *ebpf.MapSpec `ebpf:"svc_ports"`
+	SvcScratch    *ebpf.MapSpec `ebpf:"svc_scratch"`
+	SvcState      *ebpf.MapSpec `ebpf:"svc_state"`
 	UlFlows       *ebpf.MapSpec `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.MapSpec `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.MapSpec `ebpf:"vpcs"`
@@ -499,9 +612,11 @@ type mizarVariableSpecs struct {
 	FloodRate       *ebpf.VariableSpec `ebpf:"flood_rate"`
 	Host            *ebpf.VariableSpec `ebpf:"host"`
 	NpEnabled       *ebpf.VariableSpec `ebpf:"np_enabled"`
+	SvcEnabled      *ebpf.VariableSpec `ebpf:"svc_enabled"`
 	UnusedDropEvent *ebpf.VariableSpec `ebpf:"unused_drop_event"`
 	UnusedDropHook  *ebpf.VariableSpec `ebpf:"unused_drop_hook"`
 	UnusedDropSet   *ebpf.VariableSpec `ebpf:"unused_drop_set"`
+	UnusedSvcLimits *ebpf.VariableSpec `ebpf:"unused_svc_limits"`
 }
 
 // mizarObjects contains all objects after they have been loaded into the kernel.
@@ -550,6 +665,14 @@ type mizarMaps struct {
 	Relays        *ebpf.Map `ebpf:"relays"`
 	RtFlows       *ebpf.Map `ebpf:"rt_flows"`
 	Subnets       *ebpf.Map `ebpf:"subnets"`
+	SvcAffinities *ebpf.Map `ebpf:"svc_affinities"`
+	SvcBackends   *ebpf.Map `ebpf:"svc_backends"`
+	SvcCt         *ebpf.Map `ebpf:"svc_ct"`
+	SvcFrontends  *ebpf.Map `ebpf:"svc_frontends"`
+	SvcMaglev     *ebpf.Map `ebpf:"svc_maglev"`
+	SvcPorts      *ebpf.Map `ebpf:"svc_ports"`
+	SvcScratch    *ebpf.Map `ebpf:"svc_scratch"`
+	SvcState      *ebpf.Map `ebpf:"svc_state"`
 	UlFlows       *ebpf.Map `ebpf:"ul_flows"`
 	UnderlayStats *ebpf.Map `ebpf:"underlay_stats"`
 	Vpcs          *ebpf.Map `ebpf:"vpcs"`
@@ -583,6 +706,14 @@ func (m *mizarMaps) Close() error {
 		m.Relays,
 		m.RtFlows,
 		m.Subnets,
+		m.SvcAffinities,
+		m.SvcBackends,
+		m.SvcCt,
+		m.SvcFrontends,
+		m.SvcMaglev,
+		m.SvcPorts,
+		m.SvcScratch,
+		m.SvcState,
 		m.UlFlows,
 		m.UnderlayStats,
 		m.Vpcs,
@@ -597,9 +728,11 @@ type mizarVariables struct {
 	FloodRate       *ebpf.Variable `ebpf:"flood_rate"`
 	Host            *ebpf.Variable `ebpf:"host"`
 	NpEnabled       *ebpf.Variable `ebpf:"np_enabled"`
+	SvcEnabled      *ebpf.Variable `ebpf:"svc_enabled"`
 	UnusedDropEvent *ebpf.Variable `ebpf:"unused_drop_event"`
 	UnusedDropHook  *ebpf.Variable `ebpf:"unused_drop_hook"`
 	UnusedDropSet   *ebpf.Variable `ebpf:"unused_drop_set"`
+	UnusedSvcLimits *ebpf.Variable `ebpf:"unused_svc_limits"`
 }
 
 // mizarPrograms contains all programs after they have been loaded into the kernel.

@@ -270,6 +270,8 @@ type testNet struct {
 	xdpMode XDPMode
 	// netpol is Options.NetworkPolicy for loadMizar.
 	netpol bool
+	// services is Options.Services for loadMizar.
+	services bool
 	// ulMTU is the MTU of mizar's underlay (0: underlayMTU).
 	ulMTU int
 	hosts map[string]*testHost
@@ -489,7 +491,7 @@ func (tn *testNet) loadMizar(tb testing.TB, h *testHost) {
 	}
 	h.ns.do(tb, func() error {
 		dp, err := Load(Options{PinRoot: testPinRoot(tb), UnderlayIfindex: h.ulIndex, HostIP: h.ip, HostMAC: h.mac, LearnLifetime: tn.learn, XDPMode: tn.xdpMode,
-			UnderlayMTU: ulMTU, NetworkPolicy: tn.netpol})
+			UnderlayMTU: ulMTU, NetworkPolicy: tn.netpol, Services: tn.services})
 		if err != nil {
 			return err
 		}

@@ -50,7 +50,11 @@ type NodeOptions struct {
 	HostVPC            string
 	// NetworkPolicy enforces the workload cluster's NetworkPolicies in the
 	// dataplane (netpol.go).
-	NetworkPolicy    bool
+	NetworkPolicy bool
+	// Services is who translates the workload cluster's Services:
+	// ServicesKubeProxy (the default; the programs carry no Service code)
+	// or ServicesBPF (services.go).
+	Services         string
 	ProvisionTimeout time.Duration
 	AckInterval      time.Duration
 	// CNIConflist is the conflist to install into CNIConfDir as
@@ -93,7 +97,7 @@ func NewNodeOptions() *NodeOptions {
 	return &NodeOptions{NodeName: node, CNIConflistName: ConflistName, CNIConfDir: "/etc/cni/net.d", CNIBinDir: "/opt/cni/bin", PinRoot: dataplane.DefaultPinRoot, CNISocket: cni.DefaultSocket,
 		DeleteQueue: cni.DefaultDeleteQueue, StateDir: "/var/lib/mizar/cni", HealthAddr: "127.0.0.1:9095", ProvisionTimeout: 30 * time.Second,
 		KubeAPIQPS: 200, KubeAPIBurst: 400, AckInterval: DefaultAckInterval, WireGuardPort: DefaultWireGuardPort,
-		HeartbeatNamespace: os.Getenv("POD_NAMESPACE")}
+		HeartbeatNamespace: os.Getenv("POD_NAMESPACE"), Services: ServicesKubeProxy}
 }
 
 // AddFlags registers the options.
@@ -118,6 +122,9 @@ func (o *NodeOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.NetworkPolicy, "network-policy", o.NetworkPolicy, "enforce the workload cluster's NetworkPolicies (networking.k8s.io/v1) in the BPF programs: "+
 		"the agent watches NetworkPolicies, Pods and Namespaces; pods without a "+AnnotationVPC+"/"+AnnotationSubnet+" annotation are in the VPC of --cni-conflist's "+
 		"subnet, else of --host-vpc. Off: the programs carry no policy code. Service traffic reaches pods from the node's address (SNAT), so policies see the node, not the client pod")
+	fs.StringVar(&o.Services, "services", o.Services, "who translates the workload cluster's ClusterIP Services for pods: "+ServicesKubeProxy+
+		" (kube-proxy, which must then run) or "+ServicesBPF+" (the pod program, from the agent's watch of Services and EndpointSlices; "+
+		"TCP and UDP ClusterIPs only so far: NodePort, externalIPs and host-network clients still need kube-proxy)")
 	fs.DurationVar(&o.ProvisionTimeout, "provision-timeout", o.ProvisionTimeout, "how long a CNI ADD waits for its endpoint to be Provisioned")
 	fs.StringVar(&o.CNIConflist, "cni-conflist", o.CNIConflist, "conflist to install into --cni-conf-dir once this node's Droplet is Provisioned (kubelet turns the node Ready when it appears); empty: none")
 	fs.StringVar(&o.DaemonSet, "daemonset", o.DaemonSet, "the agent's own DaemonSet, namespace/name (a bare name: in $POD_NAMESPACE); when it is deleted, "+
@@ -276,7 +283,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 	}
 	mode := underlayXDPMode(u, o.XDPGeneric)
 	dp, err := dataplane.Load(dataplane.Options{PinRoot: o.PinRoot, UnderlayIfindex: u.Index, HostIP: u.HostIP.Addr(), HostMAC: u.MAC, XDPMode: mode,
-		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy, DropEventBurst: o.DropEventBurst})
+		UnderlayMTU: u.MTU, NetworkPolicy: o.NetworkPolicy, DropEventBurst: o.DropEventBurst, Services: o.Services == ServicesBPF})
 	if err != nil {
 		return err
 	}
@@ -316,7 +323,7 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- agent.Run(ctx) }()
 	if wg != nil {
 		go rotateOnSIGHUP(ctx, client, o.Droplet, wg, filepath.Join(o.StateDir, "wireguard.key"))
@@ -335,6 +342,14 @@ func (o *NodeOptions) Run(ctx context.Context) error {
 			Synced:     []cache.InformerSynced{n.Vpcs().Informer().HasSynced, n.Subnets().Informer().HasSynced},
 			DefaultVPC: vpc, DefaultSubnet: subnet, DP: dp, NodeName: o.NodeName})
 		go func() { errc <- policy.Run(ctx) }()
+	}
+
+	if o.Services == ServicesBPF {
+		if workload == nil {
+			return errors.New("--services=" + ServicesBPF + " needs the workload cluster: run in-cluster or set --workload-kubeconfig")
+		}
+		sc := NewServiceController(ServiceOptions{Workload: workload, DP: dp, NodeName: o.NodeName})
+		go func() { errc <- sc.Run(ctx) }()
 	}
 
 	ln, err := cni.Listen(o.CNISocket)
@@ -453,6 +468,9 @@ func (o *NodeOptions) Validate() error {
 	}
 	if o.ProvisionTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--provision-timeout must be positive, got %v", o.ProvisionTimeout))
+	}
+	if o.Services != ServicesKubeProxy && o.Services != ServicesBPF {
+		errs = append(errs, fmt.Errorf("--services %q: want %s or %s", o.Services, ServicesKubeProxy, ServicesBPF))
 	}
 	if o.HostIP != "" {
 		if _, err := netip.ParsePrefix(o.HostIP); err != nil {
