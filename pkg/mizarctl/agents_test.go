@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,47 +41,8 @@ func TestMizarctlAuthenticatesToAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := mizarctl.DefaultAgentNamespace
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	for _, sa := range []string{"agent", mizarctl.DefaultAgentServiceAccount, "nobody"} {
-		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "agent-debug"},
-		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{nodeagent.DebugPathPrefix + "/*"}, Verbs: []string{"get", "post"}}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for role, sa := range map[string]string{"system:auth-delegator": "agent", "agent-debug": mizarctl.DefaultAgentServiceAccount} {
-		if _, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:" + sa},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	agentToken, err := mizarctl.AgentToken(wc.Admin, ns, "agent")(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentKube, err := kubernetes.NewForConfig(&rest.Config{Host: wc.Admin.Host, BearerToken: agentToken, TLSClientConfig: wc.Admin.TLSClientConfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := nodeagent.NewDebugAuth(agentKube, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var served []string
-	srv := httptest.NewServer(auth.Wrap(agentapi.PathDrops, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		served = append(served, nodeagent.DebugUser(r.Context()).GetName())
-		mu.Unlock()
-		_ = json.NewEncoder(w).Encode(agentapi.DropsResponse{Droplet: "d1", Total: 7})
-	})))
+	srv, served := debugAuthAgent(t, ctx, kc, wc.Admin, ns, "nobody", "d1", 7)
 	defer srv.Close()
-
 	drops := func(cfg *rest.Config, sa string) ([]agentapi.DropsResponse, error) {
 		a, err := mizarctl.ConnectAgents(ctx, cfg, mizarctl.AgentOptions{URLs: []string{"d1=" + srv.URL}, Namespace: ns, ServiceAccount: sa})
 		if err != nil {
@@ -94,12 +56,11 @@ func TestMizarctlAuthenticatesToAgents(t *testing.T) {
 		return mizarctl.Drops(ctx, a, time.Time{}, 0)
 	}
 	last := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(served) == 0 {
+		users := served()
+		if len(users) == 0 {
 			return ""
 		}
-		return served[len(served)-1]
+		return users[len(users)-1]
 	}
 
 	rs, err := drops(wc.Admin, mizarctl.DefaultAgentServiceAccount)
@@ -109,8 +70,8 @@ func TestMizarctlAuthenticatesToAgents(t *testing.T) {
 	if got, want := last(), "system:serviceaccount:"+ns+":"+mizarctl.DefaultAgentServiceAccount; got != want {
 		t.Errorf("the agent served %q, want the ServiceAccount %q (a short-lived token, not the admin's credential)", got, want)
 	}
-	if len(served) != 2 {
-		t.Errorf("the agent served %d calls, want 2", len(served))
+	if len(served()) != 2 {
+		t.Errorf("the agent served %d calls, want 2", len(served()))
 	}
 
 	if _, err := drops(wc.Admin, "absent"); err != nil {
@@ -201,5 +162,58 @@ func TestForwardAgentsFindsPods(t *testing.T) {
 	}
 	if _, err := mizarctl.ForwardAgents(ctx, wc.Admin, c, "elsewhere", "app=none"); err == nil || !strings.Contains(err.Error(), "no agent pods (app=none) in namespace elsewhere") {
 		t.Errorf("no agent pods: %v, want an error naming the selector", err)
+	}
+}
+
+// debugAuthAgent grants in namespace ns what the chart grants (the agent's
+// ServiceAccount may review tokens; the ServiceAccount mizarctl may use
+// /mizar-agent/*; extraSA gets nothing), and serves the agent's /drops
+// behind its --debug-auth, answering droplet and total. served lists the
+// users it served, in order.
+func debugAuthAgent(t *testing.T, ctx context.Context, kc kubernetes.Interface, admin *rest.Config, ns, extraSA, droplet string, total uint64) (*httptest.Server, func() []string) {
+	t.Helper()
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for _, sa := range []string{"agent", mizarctl.DefaultAgentServiceAccount, extraSA} {
+		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "agent-debug"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{nodeagent.DebugPathPrefix + "/*"}, Verbs: []string{"get", "post"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for role, sa := range map[string]string{"system:auth-delegator": "agent", "agent-debug": mizarctl.DefaultAgentServiceAccount} {
+		if _, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:" + sa},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agentToken, err := mizarctl.AgentToken(admin, ns, "agent")(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentKube, err := kubernetes.NewForConfig(&rest.Config{Host: admin.Host, BearerToken: agentToken, TLSClientConfig: admin.TLSClientConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := nodeagent.NewDebugAuth(agentKube, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var users []string
+	srv := httptest.NewServer(auth.Wrap(agentapi.PathDrops, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		users = append(users, nodeagent.DebugUser(r.Context()).GetName())
+		mu.Unlock()
+		_ = json.NewEncoder(w).Encode(agentapi.DropsResponse{Droplet: droplet, Total: total})
+	})))
+	return srv, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(users)
 	}
 }

@@ -2,7 +2,6 @@ package mizarctl_test
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -14,17 +13,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	spdystream "k8s.io/apimachinery/pkg/util/httpstream/spdy"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
-	"mizar.dev/pkg/agentapi"
 	"mizar.dev/pkg/mizarctl"
-	"mizar.dev/pkg/nodeagent"
 	"mizar.dev/test/workloadcluster"
 )
 
@@ -104,47 +98,8 @@ func TestMizarctlReachesAgentThroughPortForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := mizarctl.DefaultAgentNamespace
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	for _, sa := range []string{"default", "agent", mizarctl.DefaultAgentServiceAccount} {
-		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "agent-debug"},
-		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{nodeagent.DebugPathPrefix + "/*"}, Verbs: []string{"get", "post"}}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for role, sa := range map[string]string{"system:auth-delegator": "agent", "agent-debug": mizarctl.DefaultAgentServiceAccount} {
-		if _, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:" + sa},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
 	// The agent: --debug-auth, on loopback only.
-	agentToken, err := mizarctl.AgentToken(wc.Admin, ns, "agent")(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentKube, err := kubernetes.NewForConfig(&rest.Config{Host: wc.Admin.Host, BearerToken: agentToken, TLSClientConfig: wc.Admin.TLSClientConfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := nodeagent.NewDebugAuth(agentKube, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var served []string
-	agent := httptest.NewServer(auth.Wrap(agentapi.PathDrops, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		served = append(served, nodeagent.DebugUser(r.Context()).GetName())
-		mu.Unlock()
-		_ = json.NewEncoder(w).Encode(agentapi.DropsResponse{Droplet: "node-pf", Total: 42})
-	})))
+	agent, servedBy := debugAuthAgent(t, ctx, kc, wc.Admin, ns, "default", "node-pf", 42)
 	defer agent.Close()
 	_, agentPort, _ := net.SplitHostPort(agent.Listener.Addr().String())
 
@@ -183,11 +138,9 @@ func TestMizarctlReachesAgentThroughPortForward(t *testing.T) {
 			t.Fatalf("drops #%d through the port-forward: %v %+v", i+1, err, rs)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := "system:serviceaccount:" + ns + ":" + mizarctl.DefaultAgentServiceAccount
-	if len(served) != 3 || served[0] != want || served[2] != want {
-		t.Errorf("the agent served %q, want 3 calls as %s", served, want)
+	if served := servedBy(); len(served) != 3 || served[0] != want || served[2] != want {
+		t.Errorf("the agent served %q, want 3 calls as %s", servedBy(), want)
 	}
 	t.Logf("3 calls through the API server's port-forward to %s, served as %s", agent.Listener.Addr(), want)
 }
