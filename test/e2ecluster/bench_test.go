@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // clusterFigures is what BenchmarkCluster measures of one network.
@@ -91,7 +93,20 @@ func (e *env) measure(ctx context.Context, b *testing.B) (clusterFigures, error)
 // one that shows it Ready (this process's clock, so no rounding to seconds).
 func (e *env) podStartup(ctx context.Context, ns string, n int32) (p50, p99 time.Duration, err error) {
 	labels := map[string]string{"app": "startup"}
-	w, err := e.cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=startup"})
+	// A watch that resumes from its last resourceVersion: the server may end
+	// one at any time (a kind control plane under the burst did, with no pod
+	// Ready yet, and the run was lost).
+	sel := metav1.ListOptions{LabelSelector: "app=startup"}
+	initial, err := e.cs.CoreV1().Pods(ns).List(ctx, sel)
+	if err != nil {
+		return 0, 0, err
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, initial.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel.LabelSelector
+			return e.cs.CoreV1().Pods(ns).Watch(ctx, o)
+		},
+	})
 	if err != nil {
 		return 0, 0, err
 	}
