@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
+
+	"mizar.dev/pkg/dataplane"
 )
 
 // clusterFigures is what BenchmarkCluster measures of one network.
@@ -57,14 +60,31 @@ func BenchmarkCluster(b *testing.B) {
 		b.Logf("%s: pod startup p50 %s p99 %s (100 pods); cross-node TCP %.2f Gbit/s; RTT %s", cni,
 			f.startupP50.Round(time.Millisecond), f.startupP99.Round(time.Millisecond), f.gbps, f.rtt.Round(time.Microsecond))
 		figures[cni] = f
+		if cni == "reference" {
+			// The floor for an overlay whose underlay program must see
+			// whole frames: the reference with its nodes' veths in wire
+			// mode (what mizar's agent sets on a veth underlay), so that
+			// both carry MTU-sized frames between nodes, as on a NIC.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			w, err := e.measureWire(ctx)
+			cancel()
+			if err != nil {
+				b.Fatalf("reference in wire mode: %v", err)
+			}
+			b.Logf("reference, node veths in wire mode: cross-node TCP %.2f Gbit/s; RTT %s", w.gbps, w.rtt.Round(time.Microsecond))
+			figures["reference-wire"] = w
+		}
 	}
+	wire := figures["reference-wire"]
 	ref, mz := figures["reference"], figures["mizar"]
 	b.ReportMetric(mz.startupP50.Seconds(), "startup-p50-s")
 	b.ReportMetric(mz.startupP99.Seconds(), "startup-p99-s")
 	b.ReportMetric(mz.startupP99.Seconds()/ref.startupP99.Seconds(), "startup-p99-x-ref")
 	b.ReportMetric(mz.gbps, "Gbit/s")
 	b.ReportMetric(mz.gbps/ref.gbps, "throughput-x-ref")
+	b.ReportMetric(mz.gbps/wire.gbps, "throughput-x-wire-ref")
 	b.ReportMetric(float64(mz.rtt)/float64(ref.rtt), "rtt-x-ref")
+	b.Logf("mizar / reference in wire mode: throughput %.2fx, RTT %.2fx", mz.gbps/wire.gbps, float64(mz.rtt)/float64(wire.rtt))
 	b.Logf("mizar / reference: startup p50 %.2fx, p99 %.2fx (goal <= 1.2x); throughput %.2fx (goal >= 0.9x); RTT %.2fx",
 		mz.startupP50.Seconds()/ref.startupP50.Seconds(), mz.startupP99.Seconds()/ref.startupP99.Seconds(), mz.gbps/ref.gbps, float64(mz.rtt)/float64(ref.rtt))
 }
@@ -86,6 +106,47 @@ func (e *env) measure(ctx context.Context, b *testing.B) (clusterFigures, error)
 		return f, fmt.Errorf("cross-node: %w", err)
 	}
 	return f, nil
+}
+
+// measureWire turns off, on every node's eth0, the offloads mizar's agent
+// turns off on a veth underlay (dataplane.WireFeatures), measures cross-node
+// TCP and RTT in a fresh namespace, and turns them on again.
+func (e *env) measureWire(ctx context.Context) (clusterFigures, error) {
+	var f clusterFigures
+	nodes, err := e.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return f, err
+	}
+	set := func(node string, on bool) error {
+		pid, err := e.run(ctx, "podman", "inspect", "-f", "{{.State.Pid}}", node)
+		if err != nil {
+			return err
+		}
+		features := map[string]bool{}
+		for name := range dataplane.WireFeatures {
+			features[name] = on
+		}
+		return ns.WithNetNSPath("/proc/"+strings.TrimSpace(pid)+"/ns/net", func(ns.NetNS) error { return dataplane.SetFeatures("eth0", features) })
+	}
+	for _, n := range nodes.Items {
+		if err := set(n.Name, false); err != nil {
+			return f, fmt.Errorf("wire mode on %s: %w", n.Name, err)
+		}
+		defer func() {
+			if err := set(n.Name, true); err != nil {
+				fmt.Fprintf(os.Stderr, "e2ecluster: turning %s's offloads on again: %v\n", n.Name, err)
+			}
+		}()
+	}
+	name := "bench-wire-" + rand.String(5)
+	if _, err := e.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		return f, err
+	}
+	defer func() {
+		_ = e.cs.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})
+	}()
+	f.gbps, f.rtt, err = e.crossNode(ctx, name)
+	return f, err
 }
 
 // podStartup creates a Deployment of n pods spread over the nodes and
