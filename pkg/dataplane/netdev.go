@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 
@@ -57,25 +58,35 @@ var vlanStripping = []string{"rx-vlan-hw-parse", "rx-vlan-stag-hw-parse"}
 // frame. An error names the features the driver keeps on. (On a veth the
 // tag a peer hands over in metadata stays there whatever this says.)
 func DisableVLANStripping(ifname string) error {
+	_, err := turnOffWhereOn(ifname, vlanStripping)
+	return err
+}
+
+// turnOffWhereOn turns off those of features that are on on ifname (calling
+// thread's netns) and returns their names, sorted.
+func turnOffWhereOn(ifname string, features []string) ([]string, error) {
 	e, err := ethtool.NewEthtool()
 	if err != nil {
-		return fmt.Errorf("ethtool socket: %w", err)
+		return nil, fmt.Errorf("ethtool socket: %w", err)
 	}
 	defer e.Close()
 	have, err := e.Features(ifname)
 	if err != nil {
-		return fmt.Errorf("ethtool %s: read features: %w", ifname, err)
+		return nil, fmt.Errorf("ethtool %s: read features: %w", ifname, err)
 	}
+	var on []string
 	off := map[string]bool{}
-	for _, f := range vlanStripping {
+	for _, f := range features {
 		if have[f] {
+			on = append(on, f)
 			off[f] = false
 		}
 	}
-	if len(off) == 0 {
-		return nil
+	if len(on) == 0 {
+		return nil, nil
 	}
-	return SetFeatures(ifname, off)
+	slices.Sort(on)
+	return on, SetFeatures(ifname, off)
 }
 
 // WireFeatures are the ethtool features (as `ethtool -k` names them) that
@@ -101,28 +112,7 @@ var WireFeatures = map[string]bool{
 // can be turned on again: what a node sends on a veth underlay then reaches
 // the peer node's underlay program as a wire would carry it.
 func CompleteFrames(ifname string) ([]string, error) {
-	e, err := ethtool.NewEthtool()
-	if err != nil {
-		return nil, fmt.Errorf("ethtool socket: %w", err)
-	}
-	defer e.Close()
-	have, err := e.Features(ifname)
-	if err != nil {
-		return nil, fmt.Errorf("ethtool %s: read features: %w", ifname, err)
-	}
-	var on []string
-	off := map[string]bool{}
-	for f := range WireFeatures {
-		if have[f] {
-			on = append(on, f)
-			off[f] = false
-		}
-	}
-	if len(on) == 0 {
-		return nil, nil
-	}
-	slices.Sort(on)
-	return on, SetFeatures(ifname, off)
+	return turnOffWhereOn(ifname, slices.Collect(maps.Keys(WireFeatures)))
 }
 
 // SetFeatures sets ethtool features (names as `ethtool -k` prints them, e.g.
